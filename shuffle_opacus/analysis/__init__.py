@@ -1,0 +1,33 @@
+"""Pure numpy/scipy privacy accounting for the shuffle model (no torch import).
+
+Units: ``sigma`` is the paper's sigma, the per-user noise standard deviation divided by the L2
+distance between the differing user's two possible inputs (for the central references, the
+aggregate noise divided by the sensitivity of the sum). Orders are integers >= 2.
+"""
+
+from .accounting import MECHANISMS, METHODS, AccountingResult, compute_epsilon, per_step_rdp
+from .central import gaussian_rdp, poisson_subsampled_gaussian_rdp
+from .checkin import CHECKIN_METHODS, checkin_rdp
+from .conversion import EpsilonResult, OrderCapWarning, epsilon_from_rdp, rdp_to_dp
+from .shuffle_gaussian import no_shuffle_rdp, shuffle_gaussian_log_excess, shuffle_gaussian_rdp
+from .subsampling import subsampled_shuffle_rdp
+
+__all__ = [
+    "MECHANISMS",
+    "METHODS",
+    "CHECKIN_METHODS",
+    "AccountingResult",
+    "EpsilonResult",
+    "OrderCapWarning",
+    "checkin_rdp",
+    "compute_epsilon",
+    "epsilon_from_rdp",
+    "gaussian_rdp",
+    "no_shuffle_rdp",
+    "per_step_rdp",
+    "poisson_subsampled_gaussian_rdp",
+    "rdp_to_dp",
+    "shuffle_gaussian_log_excess",
+    "shuffle_gaussian_rdp",
+    "subsampled_shuffle_rdp",
+]

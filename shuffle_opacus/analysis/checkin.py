@@ -1,0 +1,286 @@
+"""Rényi DP of the shuffled check-in Gaussian mechanism (Liew & Takahashi, Sec. 4.2).
+
+Each of ``n`` users checks in independently with probability ``rate`` (``gamma``); the users who
+check in add Gaussian noise to their value and the reports are shuffled. The number of reports
+``K ~ Binomial(n, gamma)`` is public and has the same law under both neighbouring datasets, so
+for any order ``l`` the Rényi moment of the whole mechanism is the ``K``-average of the
+conditional moments:
+
+    E[(P/Q)^l] = sum_k Pr[K = k] M_k(l).
+
+Given ``K = k`` the participants are a uniformly random ``k``-subset, so the differing user is
+among them with probability ``q_k = k / n`` and the conditional likelihood ratio is
+``(1 - q_k) + q_k L_k`` with ``L_k`` the shuffle likelihood ratio of Theorem 1 for ``k`` users.
+
+Three ways to bound the average, selected by ``method``:
+
+``exact``
+    The average evaluated exactly, with no subsampling inequality and no conjecture. Given
+    ``K = k`` the ratio is ``1 + (1/n) sum_{i<=k} (Y_i - 1)`` with ``Y_i = e^{(2x_i-1)/2sigma^2}``.
+    Averaging over ``K ~ Bin(n, gamma)`` is the same as giving every one of the ``n`` users an
+    independent Bernoulli(``gamma``) indicator ``B_i``: the mixed ratio is the mean of ``n``
+    independent factors ``W_i = 1 + B_i (Y_i - 1)`` with ``E[W^a] - 1 = gamma (mu_a - 1)``. So
+
+        E[(P/Q)^l] = l! [x^l] w(x/n)^n,   w(x) = e^x + gamma sum_a (mu_a - 1) x^a / a!,
+
+    which is Theorem 1's series with ``mu_a - 1`` scaled by ``gamma`` (``gamma = 1`` gives
+    Theorem 1). The whole binomial average costs one ``O(l^2)`` recurrence; nothing is
+    truncated.
+``sum``
+    The conditional moment bounded by the Wang-Balle-Kasiviswanathan subsampling bound
+    (Theorem 2) with rate ``q_k``, then averaged over ``k``: the paper's Eq. 17 evaluated as a
+    sum. Eq. 17 as printed uses ``gamma`` in place of ``k/n`` for every ``k``; the conditional
+    inclusion probability is ``k/n`` and the bound grows with the rate, so we use ``k/n``
+    (larger for ``k > n gamma``). We include the ``k = 0`` term (moment 1), which Eq. 17 drops.
+``theorem3``
+    The paper's Theorem 3 as written, with the Chernoff split parameter ``Delta``:
+    ``log(e^{(l-1) eps_{g,1}(l) - Delta^2 n g / 2} + e^{(l-1) eps_{g,m}(l)}) / (l-1)``,
+    ``m = floor((1 - Delta) n g) + 1`` and ``eps_{g,k}`` from Theorem 2 with rate ``gamma``. It
+    relies on the paper's Conjecture 1 (see below) and keeps the ``gamma`` of Eq. 17.
+
+``sum`` evaluates the bulk of the binomial exactly and bounds both tails rigorously, using two
+monotonicity facts:
+
+* **Monotonicity in k.** For the paper's neighbouring pair the other users hold a known value,
+  so the output for ``k + 1`` users is a post-processing of the output for ``k`` users (add
+  one fresh noisy report of the known value and reshuffle). Hence ``A_{k+1}(j) <= A_k(j)`` for
+  every order: the non-strict form of the paper's Conjecture 1 holds for that pair.
+* **Monotonicity in q.** ``q -> E[(1 + q(L - 1))^l]`` is convex with zero slope at ``q = 0``,
+  hence non-decreasing on ``[0, 1]``; Wang et al.'s bound is non-decreasing in the rate and in
+  each ``eps(j)``.
+
+So for ``a <= k < b`` the conditional moment is at most the bound evaluated with ``L_a`` and
+``q_b``. The lower tail is covered by geometric chunks ``[a, b)`` (the last chunk ``[1, b)``
+uses ``L_1``, the plain Gaussian; ``k = 0`` contributes exactly 1), the upper tail ``k > hi`` by
+``Pr[K > hi] * A_hi(l)``; both tails bound the true conditional moment, which is below Wang's.
+Tail masses use scipy's binomial CDF, or the Chernoff bound where the CDF underflows. The
+bulk is widened until the tail bounds are below ``tail_tolerance`` of the total excess moment at
+every order (or the bulk covers all ``k``). When the bulk would cost more than a fixed budget
+of series operations (high orders), neighbouring ``k`` are grouped into chunks bounded the
+same way; the result remains an upper bound.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.stats import binom
+
+from ._validation import check_int, check_orders, check_positive, check_probability
+from .series import NEG_INF, log_gaussian_excess, lse, mixture_log_excess, shuffle_log_excess
+from .subsampling import wang_log_excess
+
+__all__ = ["checkin_rdp", "checkin_log_excess_exact", "CHECKIN_METHODS"]
+
+CHECKIN_METHODS = ("exact", "sum", "theorem3")
+
+_CHUNK_RATIO = 0.9
+
+
+def _kl_bernoulli(p: float, q: float) -> float:
+    """KL divergence between Bernoulli(p) and Bernoulli(q) in nats."""
+    out = 0.0
+    if p > 0:
+        out += p * math.log(p / q)
+    if p < 1:
+        out += (1 - p) * math.log((1 - p) / (1 - q))
+    return out
+
+
+def _log_binom_lower(k: int, n: int, rate: float) -> float:
+    """Upper bound on ``log Pr[K <= k]`` for ``K ~ Bin(n, rate)``."""
+    if k < 0:
+        return NEG_INF
+    if k >= n:
+        return 0.0
+    value = float(binom.logcdf(k, n, rate))
+    if value > -700.0:
+        return min(value, 0.0)
+    if k < n * rate:  # Chernoff: Pr[K <= k] <= exp(-n KL(k/n || rate))
+        return -n * _kl_bernoulli(k / n, rate)
+    return 0.0
+
+
+def _log_binom_upper(k: int, n: int, rate: float) -> float:
+    """Upper bound on ``log Pr[K > k]`` for ``K ~ Bin(n, rate)``."""
+    if k >= n:
+        return NEG_INF
+    if k < 0:
+        return 0.0
+    value = float(binom.logsf(k, n, rate))
+    if value > -700.0:
+        return min(value, 0.0)
+    if k + 1 > n * rate:  # Chernoff: Pr[K >= k+1] <= exp(-n KL((k+1)/n || rate))
+        return -n * _kl_bernoulli((k + 1) / n, rate)
+    return 0.0
+
+
+def _log_binom_range(lo: int, hi: int, n: int, rate: float) -> float:
+    """Upper bound on ``log Pr[lo <= K <= hi]``."""
+    if hi < lo:
+        return NEG_INF
+    # Pr[lo <= K <= hi] <= min(Pr[K <= hi], Pr[K >= lo]).
+    return min(_log_binom_lower(hi, n, rate), _log_binom_upper(lo - 1, n, rate))
+
+
+def _theorem3(
+    n: int, rate: float, sigma: float, orders: np.ndarray, chernoff_delta: float
+) -> np.ndarray:
+    max_order = int(orders[-1])
+    mean = n * rate
+    threshold = math.floor((1.0 - chernoff_delta) * mean * (1.0 - 1e-12))
+    m_big = min(n, threshold + 1)
+    log_s1 = wang_log_excess(rate, log_gaussian_excess(sigma, max_order), orders)[0]
+    log_s2 = wang_log_excess(rate, shuffle_log_excess(m_big, sigma, max_order), orders)[0]
+    first = np.logaddexp(0.0, log_s1) - chernoff_delta**2 * mean / 2.0
+    second = np.logaddexp(0.0, log_s2)
+    return np.logaddexp(first, second) / (orders - 1.0)
+
+
+def _lower_chunks(lo: int, max_order: int) -> list[tuple[int, int]]:
+    """Chunks ``[a, b)`` covering ``[1, lo)``: geometric above ``max_order``, one chunk below."""
+    chunks: list[tuple[int, int]] = []
+    b = lo
+    while b > 1:
+        a = max(1, min(b - 1, int(math.floor(b * _CHUNK_RATIO))))
+        if a < max_order:
+            a = 1
+        chunks.append((a, b))
+        b = a
+    return chunks
+
+
+_BULK_BUDGET = 1.0e8  # series element operations allowed for the bulk of ``sum``
+
+
+def _sum_bound(
+    n: int, rate: float, sigma: float, orders: np.ndarray, tail_tolerance: float
+) -> np.ndarray:
+    """Log excess of ``sum_k Pr[K=k] M_k`` with Wang's bound in the bulk and rigorous tails."""
+    max_order = int(orders[-1])
+    mean = n * rate
+    sd = math.sqrt(max(n * rate * (1.0 - rate), 1e-300))
+    gauss = log_gaussian_excess(sigma, max_order)
+    z = 6.0
+    while True:
+        lo = max(1, int(math.floor(mean - z * sd)))
+        hi = min(n, int(math.ceil(mean + z * sd)))
+        width = hi - lo + 1
+        step = max(1, math.ceil(width * (max_order + 1) ** 2 / _BULK_BUDGET))
+        starts = np.arange(lo, hi + 1, step)
+        ends = np.minimum(starts + step, hi + 1)  # chunk [start, end)
+        chunks = _lower_chunks(lo, max_order)
+        chunk_starts = np.array([a for a, _ in chunks if a > 1], dtype=np.int64)
+        needed = np.unique(np.concatenate([starts, chunk_starts, [hi]]))
+        log_e = shuffle_log_excess(needed, sigma, max_order)
+        index = {int(k): i for i, k in enumerate(needed)}
+
+        ks = np.arange(lo, hi + 1)
+        log_pmf = binom.logpmf(ks, n, rate)
+        if step == 1:
+            log_mass = log_pmf
+        else:
+            log_mass = np.array(
+                [lse(log_pmf[a - lo : b - lo], axis=0) for a, b in zip(starts, ends, strict=True)]
+            )
+        rows = log_e[[index[int(a)] for a in starts]]
+        bound = wang_log_excess((ends - 1) / n, rows, orders)
+        bulk = lse(log_mass[:, None] + bound, axis=0)
+
+        tail_terms = []
+        for a, b in chunks:
+            log_chunk = _log_binom_range(a, b - 1, n, rate)
+            if log_chunk == NEG_INF:
+                continue
+            base = gauss if a == 1 else log_e[index[a]]
+            tail_terms.append(log_chunk + mixture_log_excess((b - 1) / n, base, orders)[0])
+        log_upper = _log_binom_upper(hi, n, rate)
+        if log_upper > NEG_INF:
+            tail_terms.append(log_upper + log_e[index[hi]][orders])
+        if tail_terms:
+            tails = lse(np.stack(tail_terms), axis=0)
+        else:
+            tails = np.full(orders.shape, NEG_INF)
+        total = np.logaddexp(bulk, tails)
+        covered = lo == 1 and hi == n
+        with np.errstate(invalid="ignore"):
+            fraction = np.where(total > NEG_INF, np.exp(tails - total), 0.0)
+        if covered or np.nanmax(fraction) <= tail_tolerance:
+            return total
+        z *= 2.0
+
+
+def checkin_log_excess_exact(*, n: int, rate: float, sigma: float, max_order: int) -> np.ndarray:
+    """Log of ``E[(P/Q)^l] - 1`` for the shuffled check-in Gaussian, ``l = 0..max_order``.
+
+    Exact average over the binomial number of participants (see the module docstring).
+
+    Args:
+        n: Number of users (integer >= 1).
+        rate: Check-in probability in ``(0, 1]``.
+        sigma: Noise std divided by the L2 distance of the differing user's inputs (> 0).
+        max_order: Largest order (integer >= 2).
+
+    Returns:
+        Array of length ``max_order + 1``.
+
+    Raises:
+        ValueError: on an out-of-range argument.
+    """
+    n = check_int("n", n, minimum=1)
+    rate = check_probability("rate", rate)
+    sigma = check_positive("sigma", sigma)
+    max_order = check_int("max_order", max_order, minimum=2)
+    log_c = math.log(rate) + log_gaussian_excess(sigma, max_order)
+    return shuffle_log_excess(n, sigma, max_order, log_c=log_c)
+
+
+def checkin_rdp(
+    *,
+    n: int,
+    rate: float,
+    sigma: float,
+    orders: np.ndarray | list[int],
+    method: str = "exact",
+    chernoff_delta: float = 0.5,
+    tail_tolerance: float = 1e-6,
+) -> np.ndarray:
+    """Per-round RDP of the shuffled check-in Gaussian mechanism.
+
+    Args:
+        n: Number of users (integer >= 1).
+        rate: Check-in probability ``gamma`` in ``(0, 1]``.
+        sigma: Noise std divided by the L2 distance of the differing user's inputs (> 0).
+        orders: Integer Rényi orders >= 2.
+        method: ``"exact"`` (default, tightest), ``"sum"`` or ``"theorem3"``; see the module
+            docstring for what each assumes.
+        chernoff_delta: ``Delta`` in ``[0, 1]`` of Theorem 3 (``theorem3`` only).
+        tail_tolerance: Target share of the tail bounds in the total excess moment (``sum``
+            only); a looser value is faster and still an upper bound.
+
+    Returns:
+        RDP upper bound of one round at each order of ``np.unique(orders)``.
+
+    Raises:
+        ValueError: on an out-of-range argument or unknown method.
+    """
+    n = check_int("n", n, minimum=1)
+    rate = check_probability("rate", rate)
+    sigma = check_positive("sigma", sigma)
+    orders_arr = check_orders(orders)
+    if method not in CHECKIN_METHODS:
+        raise ValueError(f"method must be one of {', '.join(CHECKIN_METHODS)}. Found {method!r}.")
+    if not (0.0 <= float(chernoff_delta) <= 1.0):
+        raise ValueError(f"chernoff_delta must be in [0, 1]. Found {chernoff_delta!r}.")
+    if not (0.0 < float(tail_tolerance) < 1.0):
+        raise ValueError(f"tail_tolerance must be in (0, 1). Found {tail_tolerance!r}.")
+    if method == "theorem3":
+        return _theorem3(n, rate, sigma, orders_arr, float(chernoff_delta))
+    if method == "exact":
+        total = checkin_log_excess_exact(
+            n=n, rate=rate, sigma=sigma, max_order=int(orders_arr[-1])
+        )[orders_arr]
+    else:
+        total = _sum_bound(n, rate, sigma, orders_arr, float(tail_tolerance))
+    return np.logaddexp(0.0, total) / (orders_arr - 1.0)

@@ -1,0 +1,211 @@
+"""The ``shuffle-opacus`` command.
+
+``shuffle-opacus account MECHANISM [options]`` prints epsilon for one or more step counts. It
+imports only the maths layer, never torch, so it starts quickly. Errors are reported on one
+line (``shuffle-opacus: error: ...``) with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+
+from .analysis._validation import check_delta, check_int, check_positive, check_probability
+from .analysis.accounting import MECHANISMS, METHODS, AccountingResult, compute_epsilon
+from .analysis.conversion import OrderCapWarning
+
+__all__ = ["main", "build_parser"]
+
+PROG = "shuffle-opacus"
+
+
+class CliError(Exception):
+    """A user error to be reported on one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CliError(message)
+
+
+def _typed(name: str, convert):  # noqa: ANN001, ANN202 - small argparse adapter
+    def parse(text: str):  # noqa: ANN202
+        try:
+            return convert(name, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name
+    return parse
+
+
+def _int_arg(name: str, minimum: int = 1):  # noqa: ANN202
+    def convert(label: str, text: str) -> int:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{label} must be an integer >= {minimum}. Found {text!r}.") from None
+        return check_int(label, value, minimum=minimum)
+
+    return _typed(name, convert)
+
+
+def _float_arg(name: str, checker):  # noqa: ANN001, ANN202
+    def convert(label: str, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = text  # let the checker produce the message
+        return checker(label, value)
+
+    return _typed(name, convert)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser of the ``shuffle-opacus`` command."""
+    parser = _Parser(prog=PROG, description="Shuffle-model differential privacy accounting.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    methods = sorted({m for ms in METHODS.values() for m in ms})
+    acc = sub.add_parser(
+        "account",
+        help="epsilon of a shuffle (or central reference) mechanism after some rounds",
+        description=(
+            "Epsilon after --steps rounds, from Rényi DP minimised over integer orders. "
+            "For shuffle, subsampled and checkin, --sigma is the per-user noise std divided by "
+            "the L2 distance of the differing user's two inputs; for gaussian and "
+            "subsampled-gaussian it is the noise on the sum divided by its sensitivity."
+        ),
+    )
+    acc.add_argument("mechanism", choices=MECHANISMS, help="mechanism to account")
+    acc.add_argument("--n", type=_int_arg("--n"), help="number of users (integer >= 1)")
+    acc.add_argument(
+        "--sigma", type=_float_arg("--sigma", check_positive), required=True, help="sigma > 0"
+    )
+    acc.add_argument("--m", type=_int_arg("--m"), help="users per round (subsampled), 1..n")
+    acc.add_argument(
+        "--rate",
+        type=_float_arg("--rate", check_probability),
+        help="check-in or Poisson rate in (0, 1]",
+    )
+    acc.add_argument(
+        "--method",
+        choices=methods,
+        help="bound: checkin exact|sum|theorem3 (default exact); shuffle theorem1|corollary1",
+    )
+    acc.add_argument(
+        "--delta",
+        type=_float_arg("--delta", lambda label, v: check_delta(v, label)),
+        default=1e-5,
+        help="target delta in (0, 1) (default 1e-5)",
+    )
+    acc.add_argument(
+        "--steps",
+        type=_int_arg("--steps"),
+        nargs="+",
+        default=[1],
+        help="number of rounds; several values give one row each (default 1)",
+    )
+    acc.add_argument(
+        "--max-order",
+        type=_int_arg("--max-order", minimum=2),
+        help="cap on the Rényi order (default: grow until the optimum is interior)",
+    )
+    acc.add_argument("--json", action="store_true", help="one JSON object per line")
+    return parser
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _table(rows: Sequence[AccountingResult]) -> str:
+    headers = ["mechanism", "method", "n", "sigma", "m", "rate", "steps", "delta", "epsilon"]
+    headers.append("order")
+    body = []
+    for r in rows:
+        order = f"{r.order}{' (cap)' if r.at_cap else ''}"
+        body.append(
+            [
+                r.mechanism,
+                r.method,
+                _fmt(r.n),
+                _fmt(r.sigma),
+                _fmt(r.m),
+                _fmt(r.rate),
+                str(r.steps),
+                _fmt(r.delta),
+                f"{r.epsilon:.6f}",
+                order,
+            ]
+        )
+    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in body:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    lines.append(f"neighbouring: {rows[0].neighbouring}; unit of privacy: one user")
+    return "\n".join(lines)
+
+
+def _account(args: argparse.Namespace) -> int:
+    results = []
+    capped = False
+    for steps in args.steps:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", OrderCapWarning)
+            res = compute_epsilon(
+                args.mechanism,
+                sigma=args.sigma,
+                steps=steps,
+                delta=args.delta,
+                n=args.n,
+                m=args.m,
+                rate=args.rate,
+                method=args.method,
+                max_order=args.max_order,
+            )
+        capped = capped or any(issubclass(w.category, OrderCapWarning) for w in caught)
+        results.append(res)
+        if args.json:
+            print(json.dumps(res.to_dict()), flush=True)
+    if not args.json:
+        print(_table(results))
+    if capped:
+        print(
+            f"{PROG}: note: the optimal order sits at the largest order evaluated; "
+            "raise --max-order for a possibly smaller epsilon",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line interface.
+
+    Args:
+        argv: Arguments without the program name (``sys.argv[1:]`` by default).
+
+    Returns:
+        The exit status (0 on success, 2 on a usage or input error).
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command == "account":
+            return _account(args)
+    except (CliError, ValueError) as exc:
+        message = str(exc).replace("argument ", "").splitlines()[0]
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 2
+    return 2  # pragma: no cover - argparse enforces a command
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
