@@ -63,6 +63,7 @@ same way; the result remains an upper bound.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 from scipy.stats import binom
@@ -79,7 +80,9 @@ _CHUNK_RATIO = 0.9
 
 
 def _kl_bernoulli(p: float, q: float) -> float:
-    """KL divergence between Bernoulli(p) and Bernoulli(q) in nats."""
+    """KL divergence between Bernoulli(p) and Bernoulli(q) in nats (``inf`` if unbounded)."""
+    if (q >= 1.0 and p < 1.0) or (q <= 0.0 and p > 0.0):
+        return math.inf
     out = 0.0
     if p > 0:
         out += p * math.log(p / q)
@@ -129,7 +132,9 @@ def _theorem3(
 ) -> np.ndarray:
     max_order = int(orders[-1])
     mean = n * rate
-    threshold = math.floor((1.0 - chernoff_delta) * mean * (1.0 - 1e-12))
+    # Exact rational arithmetic on the given floats: the paper assumes (1 - Delta) n gamma is an
+    # integer; in general the first part is k <= floor((1 - Delta) n gamma).
+    threshold = math.floor((1 - Fraction(chernoff_delta)) * n * Fraction(rate))
     m_big = min(n, threshold + 1)
     log_s1 = wang_log_excess(rate, log_gaussian_excess(sigma, max_order), orders)[0]
     log_s2 = wang_log_excess(rate, shuffle_log_excess(m_big, sigma, max_order), orders)[0]
