@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import warnings
 from collections.abc import Sequence
 
-from .analysis._validation import check_delta, check_int, check_positive, check_probability
+from .analysis._validation import check_delta, check_positive, check_probability
 from .analysis.accounting import MECHANISMS, METHODS, AccountingResult, compute_epsilon
 from .analysis.conversion import OrderCapWarning
 
@@ -47,8 +48,10 @@ def _int_arg(name: str, minimum: int = 1):  # noqa: ANN202
         try:
             value = float(text)
         except ValueError:
-            raise ValueError(f"{label} must be an integer >= {minimum}. Found {text!r}.") from None
-        return check_int(label, value, minimum=minimum)
+            value = float("nan")
+        if not value.is_integer() or value < minimum:
+            raise ValueError(f"{label} must be an integer >= {minimum}. Found {text!r}.")
+        return int(value)
 
     return _typed(name, convert)
 
@@ -56,10 +59,11 @@ def _int_arg(name: str, minimum: int = 1):  # noqa: ANN202
 def _float_arg(name: str, checker):  # noqa: ANN001, ANN202
     def convert(label: str, text: str) -> float:
         try:
-            value = float(text)
-        except ValueError:
-            value = text  # let the checker produce the message
-        return checker(label, value)
+            return checker(label, float(text))
+        except ValueError as exc:
+            # Report what the user typed, not the parsed float.
+            head = str(exc).rsplit(" Found ", 1)[0]
+            raise ValueError(f"{head} Found {text!r}.") from None
 
     return _typed(name, convert)
 
@@ -146,10 +150,10 @@ def _table(rows: Sequence[AccountingResult]) -> str:
             ]
         )
     widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
     for row in body:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     lines.append(f"neighbouring: {rows[0].neighbouring}; unit of privacy: one user")
     return "\n".join(lines)
 
@@ -186,6 +190,16 @@ def _account(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_line(message: str) -> str:
+    """Drop argparse's ``argument X:`` prefix when the message already names ``X``."""
+    message = message.splitlines()[0] if message else "invalid arguments"
+    match = re.match(r"argument ([^:]+): (.*)", message)
+    if match:
+        name, rest = match.groups()
+        return rest if rest.startswith(name.split("/")[0]) else f"{name}: {rest}"
+    return message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line interface.
 
@@ -201,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "account":
             return _account(args)
     except (CliError, ValueError) as exc:
-        message = str(exc).replace("argument ", "").splitlines()[0]
+        message = _one_line(str(exc))
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2
     return 2  # pragma: no cover - argparse enforces a command

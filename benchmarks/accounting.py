@@ -1,0 +1,121 @@
+"""Accounting benchmark: prints tables (not a test). Run with one thread per process.
+
+    .venv/bin/python benchmarks/accounting.py
+
+1. Table 1 of Liew & Takahashi (n = 60000, sigma = 9.48, delta = 1/n) with automatic orders.
+2. The paper's MNIST check-in setting (n = 60000, gamma = 0.1, sigma = 5, 5540 rounds,
+   delta = 1e-5): theorem3, sum, exact and the central reference, with times.
+3. Theorem 1 at max order 30 against partition enumeration, and at max order 2000.
+"""
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import math  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from shuffle_opacus.analysis import compute_epsilon, shuffle_gaussian_rdp  # noqa: E402
+from tests.oracles import theorem1_rdp_partitions  # noqa: E402
+
+TABLE1_PAPER = [0.22820, 0.22820, 0.22821, 0.22821, 0.22821, 0.22822, 0.22822]
+
+
+def timed(fn, repeat=3):
+    best = math.inf
+    for _ in range(repeat):
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return out, best
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{cpu}; {os.cpu_count()} cores; Python {platform.python_version()}; numpy {np.__version__}"
+    )
+
+
+def main() -> None:
+    print(f"machine: {machine()} (single thread)\n")
+
+    print("## Table 1 setting: n=60000, sigma=9.48, delta=1/n")
+    print(
+        "| compositions | paper (orders <= 30) | ours, orders <= 30 "
+        "| ours, automatic orders | order | time (s) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for c in range(1, 8):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            capped = compute_epsilon(
+                "shuffle", n=60000, sigma=9.48, steps=c, delta=1 / 60000, max_order=30
+            )
+        res, sec = timed(
+            lambda c=c: compute_epsilon("shuffle", n=60000, sigma=9.48, steps=c, delta=1 / 60000)
+        )
+        print(
+            f"| {c} | {TABLE1_PAPER[c - 1]:.5f} | {capped.epsilon:.5f} | {res.epsilon:.5f} | "
+            f"{res.order} | {sec:.3f} |"
+        )
+
+    print("\n## MNIST check-in: n=60000, gamma=0.1, sigma=5, 5540 rounds, delta=1e-5")
+    print("| method | epsilon | order | ratio to central | time (s) |")
+    print("|---|---|---|---|---|")
+    central, c_sec = timed(
+        lambda: compute_epsilon(
+            "subsampled-gaussian",
+            rate=0.1,
+            sigma=5.0 * math.sqrt(60000 * 0.1),
+            steps=5540,
+            delta=1e-5,
+        )
+    )
+    for method in ("theorem3", "sum", "exact"):
+        res, sec = timed(
+            lambda m=method: compute_epsilon(
+                "checkin", n=60000, rate=0.1, sigma=5.0, steps=5540, delta=1e-5, method=m
+            )
+        )
+        print(
+            f"| {method} | {res.epsilon:.5f} | {res.order} | "
+            f"{res.epsilon / central.epsilon:.3f} | {sec:.3f} |"
+        )
+    print(
+        f"| central (Poisson-subsampled Gaussian, sigma*sqrt(n*gamma)) | {central.epsilon:.5f} | "
+        f"{central.order} | 1.000 | {c_sec:.3f} |"
+    )
+
+    print("\n## Theorem 1 (n=60000, sigma=9.48): all orders 2..L in one call")
+    print("| L | series (s) | partition enumeration (s) | speed-up |")
+    print("|---|---|---|---|")
+    _, fast = timed(lambda: shuffle_gaussian_rdp(n=60000, sigma=9.48, orders=np.arange(2, 31)))
+    _, slow = timed(
+        lambda: [theorem1_rdp_partitions(60000, 9.48, lam) for lam in range(2, 31)], repeat=1
+    )
+    print(f"| 30 | {fast:.4f} | {slow:.3f} | {slow / fast:.0f}x |")
+    _, big = timed(lambda: shuffle_gaussian_rdp(n=60000, sigma=9.48, orders=np.arange(2, 2001)))
+    print(f"| 2000 | {big:.3f} | infeasible | - |")
+    _, small_n = timed(lambda: shuffle_gaussian_rdp(n=1000, sigma=9.48, orders=np.arange(2, 2001)))
+    print(f"| 2000 (n=1000 < L: binary exponentiation) | {small_n:.3f} | infeasible | - |")
+
+
+if __name__ == "__main__":
+    main()

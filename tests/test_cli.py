@@ -1,0 +1,181 @@
+"""The ``shuffle-opacus account`` command: output formats, conventions and every error path."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from shuffle_opacus.analysis import compute_epsilon
+from shuffle_opacus.cli import main
+
+
+def run(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_table_output_has_one_row_per_steps(capsys):
+    code, out, err = run(
+        capsys,
+        "account",
+        "checkin",
+        "--n",
+        "60000",
+        "--rate",
+        "0.1",
+        "--sigma",
+        "5",
+        "--steps",
+        "1",
+        "5540",
+        "--delta",
+        "1e-5",
+    )
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[0].split()[:3] == ["mechanism", "method", "n"]
+    rows = [line for line in lines[2:] if line.startswith("checkin")]
+    assert len(rows) == 2
+    want = compute_epsilon("checkin", n=60000, rate=0.1, sigma=5, steps=5540, delta=1e-5)
+    assert f"{want.epsilon:.6f}" in rows[1]
+    assert "neighbouring:" in lines[-1]
+    assert err == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "mechanism", "method"),
+    [
+        (["shuffle", "--n", "60000", "--sigma", "9.48"], "shuffle", "theorem1"),
+        (
+            ["shuffle", "--n", "60000", "--sigma", "9.48", "--method", "corollary1"],
+            "shuffle",
+            "corollary1",
+        ),
+        (["subsampled", "--n", "1000", "--m", "100", "--sigma", "2"], "subsampled", "theorem2"),
+        (
+            ["checkin", "--n", "1000", "--rate", "0.1", "--sigma", "2", "--method", "theorem3"],
+            "checkin",
+            "theorem3",
+        ),
+        (
+            ["checkin", "--n", "1000", "--rate", "0.1", "--sigma", "2", "--method", "sum"],
+            "checkin",
+            "sum",
+        ),
+        (["gaussian", "--sigma", "3"], "gaussian", "rdp"),
+        (["subsampled-gaussian", "--rate", "0.01", "--sigma", "1.1"], "subsampled-gaussian", "rdp"),
+    ],
+)
+def test_json_rows(capsys, args, mechanism, method):
+    code, out, _ = run(capsys, "account", *args, "--steps", "3", "10", "--json")
+    assert code == 0
+    rows = [json.loads(line) for line in out.strip().splitlines()]
+    assert [r["steps"] for r in rows] == [3, 10]
+    for r in rows:
+        assert {"mechanism", "method", "epsilon", "delta", "steps", "order"} <= set(r)
+        assert r["mechanism"] == mechanism and r["method"] == method
+        assert r["delta"] == 1e-5
+    assert rows[0]["epsilon"] <= rows[1]["epsilon"]
+
+
+def test_table1_value_with_cap_warns(capsys):
+    code, out, err = run(
+        capsys,
+        "account",
+        "shuffle",
+        "--n",
+        "60000",
+        "--sigma",
+        "9.48",
+        "--delta",
+        str(1 / 60000),
+        "--max-order",
+        "30",
+        "--json",
+    )
+    assert code == 0
+    row = json.loads(out)
+    assert round(row["epsilon"], 5) == 0.22820  # Liew & Takahashi, Table 1
+    assert row["order"] == 30 and row["at_cap"] is True
+    assert "note:" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["shuffle", "--n", "0", "--sigma", "1"], "--n must be an integer >= 1"),
+        (["shuffle", "--n", "2.5", "--sigma", "1"], "--n must be an integer >= 1"),
+        (["shuffle", "--n", "abc", "--sigma", "1"], "--n must be an integer >= 1"),
+        (["shuffle", "--n", "10", "--sigma", "0"], "--sigma must be a finite number > 0"),
+        (["shuffle", "--n", "10", "--sigma", "-1"], "--sigma must be a finite number > 0"),
+        (["shuffle", "--n", "10", "--sigma", "nan"], "--sigma must be a finite number > 0"),
+        (["shuffle", "--n", "10", "--sigma", "1", "--delta", "1"], "--delta must be in (0, 1)"),
+        (["shuffle", "--n", "10", "--sigma", "1", "--delta", "0"], "--delta must be in (0, 1)"),
+        (["checkin", "--n", "10", "--sigma", "1", "--rate", "1.5"], "--rate must be in (0, 1]"),
+        (["checkin", "--n", "10", "--sigma", "1", "--rate", "0"], "--rate must be in (0, 1]"),
+        (
+            ["subsampled", "--n", "10", "--m", "11", "--sigma", "1"],
+            "m must be an integer in [1, 10]",
+        ),
+        (
+            ["shuffle", "--n", "10", "--sigma", "1", "--steps", "0"],
+            "--steps must be an integer >= 1",
+        ),
+        (
+            ["shuffle", "--n", "10", "--sigma", "1", "--max-order", "1"],
+            "--max-order must be an integer >= 2",
+        ),
+        (["shuffle", "--sigma", "1"], "n is required for shuffle"),
+        (["checkin", "--n", "10", "--sigma", "1"], "rate is required for checkin"),
+        (
+            ["shuffle", "--n", "10", "--sigma", "1", "--rate", "0.1"],
+            "rate is not a parameter of shuffle",
+        ),
+        (["shuffle", "--n", "10", "--sigma", "1", "--method", "exact"], "method must be one of"),
+        (["bogus", "--sigma", "1"], "invalid choice"),
+        (["shuffle", "--n", "10"], "required"),
+    ],
+)
+def test_errors_are_one_line(capsys, args, fragment):
+    code, out, err = run(capsys, "account", *args)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("shuffle-opacus: error: ")
+    assert fragment in lines[0]
+    assert "Traceback" not in err
+
+
+def test_command_does_not_import_torch():
+    code = (
+        "import sys; from shuffle_opacus.cli import main; "
+        "rc = main(['account', 'shuffle', '--n', '100', '--sigma', '2', '--json']); "
+        "assert 'torch' not in sys.modules and 'opacus' not in sys.modules, 'torch imported'; "
+        "sys.exit(rc)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["mechanism"] == "shuffle"
+
+
+def test_module_entry_point_exit_status():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shuffle_opacus.cli",
+            "account",
+            "shuffle",
+            "--n",
+            "-3",
+            "--sigma",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "shuffle-opacus: error: --n must be an integer >= 1. Found '-3'."
