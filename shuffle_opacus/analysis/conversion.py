@@ -6,8 +6,12 @@ Theorem 21): a mechanism that is ``(l, eps(l))``-RDP for every order ``l`` is
 
     epsilon = min_l  eps(l) + (log(1/delta) + (l - 1) log(1 - 1/l) - log(l)) / (l - 1).
 
-Negative values are clipped to 0 (a mechanism is always (0, delta)-DP for delta >= 1 only, so
-clipping never happens for the orders and deltas in use; it guards against round-off).
+The expression can be negative when the RDP is essentially zero; since (epsilon, delta)-DP
+implies (epsilon', delta)-DP for every epsilon' >= epsilon, such values are reported as 0.
+
+Without a cap the order range starts at 2..64 and doubles up to 2..4096 (``order_limit``); past
+that the cost of the series grows quadratically, so a warning asks for an explicit
+``max_order`` instead.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ __all__ = [
 ]
 
 DEFAULT_START_ORDER = 64
-DEFAULT_ORDER_LIMIT = 16384
+DEFAULT_ORDER_LIMIT = 4096
 
 
 class OrderCapWarning(UserWarning):

@@ -105,13 +105,17 @@ def egf_log_conv(log_f: np.ndarray, log_g: np.ndarray) -> np.ndarray:
     """
     size = log_f.shape[0]
     lf = log_factorials(size - 1)
-    a = log_f - lf
+    a = np.concatenate([log_f - lf, [NEG_INF]])  # slot `size` is -inf
     b = log_g - lf
-    m = np.arange(size)
-    diff = m[:, None] - m[None, :]
-    valid = diff >= 0
-    terms = np.where(valid, a[None, :] + b[np.clip(diff, 0, None)], NEG_INF)
-    return lse(terms, axis=1) + lf
+    j = np.arange(size)
+    out = np.empty(size)
+    step = max(1, 4_000_000 // size)  # bound the work array to ~32 MB
+    for m0 in range(0, size, step):
+        m = np.arange(m0, min(size, m0 + step))
+        diff = m[:, None] - j[None, :]
+        diff = np.where(diff >= 0, diff, size)
+        out[m] = lse(a[diff] + b[None, :], axis=1)
+    return out + lf
 
 
 def _log_exp_series(log_base: float, size: int) -> np.ndarray:
@@ -316,13 +320,17 @@ def egf_log_conv_at(
     b = log_g - lf  # G_j / j!
     a = np.concatenate([a, np.full((rows, 1), NEG_INF)], axis=1)  # slot `size` is -inf
     j = np.arange(size)
-    diff = orders[:, None] - j[None, :]  # (O, S): index l - j
-    diff = np.where(diff >= 0, diff, size)
     out = np.empty((rows, orders.shape[0]))
-    step = max(1, block_elements // max(1, orders.shape[0] * size))
-    for start in range(0, rows, step):
-        sl = slice(start, min(rows, start + step))
-        out[sl] = lse(a[sl][:, diff] + b[sl][:, None, :], axis=2)
+    # Block over orders and rows so that no work array exceeds ``block_elements``.
+    order_step = max(1, min(orders.shape[0], block_elements // size))
+    row_step = max(1, block_elements // (order_step * size))
+    for o0 in range(0, orders.shape[0], order_step):
+        cols = slice(o0, min(orders.shape[0], o0 + order_step))
+        idx = orders[cols, None] - j[None, :]  # index l - j
+        idx = np.where(idx >= 0, idx, size)
+        for r0 in range(0, rows, row_step):
+            sl = slice(r0, min(rows, r0 + row_step))
+            out[sl, cols] = lse(a[sl][:, idx] + b[sl][:, None, :], axis=2)
     return out + lf[orders][None, :]
 
 
