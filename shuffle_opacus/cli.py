@@ -12,7 +12,8 @@ import json
 import re
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from .analysis._validation import check_delta, check_positive, check_probability
 from .analysis.accounting import MECHANISMS, METHODS, AccountingResult, compute_epsilon
@@ -21,6 +22,7 @@ from .analysis.conversion import OrderCapWarning
 __all__ = ["main", "build_parser"]
 
 PROG = "shuffle-opacus"
+T = TypeVar("T")
 
 
 class CliError(Exception):
@@ -32,8 +34,10 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(message)
 
 
-def _typed(name: str, convert):  # noqa: ANN001, ANN202 - small argparse adapter
-    def parse(text: str):  # noqa: ANN202
+def _typed(name: str, convert: Callable[[str, str], T]) -> Callable[[str], T]:
+    """Wrap ``convert(label, text)`` as an argparse ``type`` that reports one-line errors."""
+
+    def parse(text: str) -> T:
         try:
             return convert(name, text)
         except ValueError as exc:
@@ -43,7 +47,7 @@ def _typed(name: str, convert):  # noqa: ANN001, ANN202 - small argparse adapter
     return parse
 
 
-def _int_arg(name: str, minimum: int = 1):  # noqa: ANN202
+def _int_arg(name: str, minimum: int = 1) -> Callable[[str], int]:
     def convert(label: str, text: str) -> int:
         try:
             value = float(text)
@@ -56,7 +60,7 @@ def _int_arg(name: str, minimum: int = 1):  # noqa: ANN202
     return _typed(name, convert)
 
 
-def _float_arg(name: str, checker):  # noqa: ANN001, ANN202
+def _float_arg(name: str, checker: Callable[[str, object], float]) -> Callable[[str], float]:
     def convert(label: str, text: str) -> float:
         try:
             return checker(label, float(text))
