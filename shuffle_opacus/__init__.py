@@ -1,9 +1,56 @@
 """shuffle_opacus: shuffle-model differential privacy accounting for PyTorch/Opacus.
 
-The maths lives in :mod:`shuffle_opacus.analysis` (numpy/scipy only); importing this package
-does not import torch.
+``import shuffle_opacus`` registers the Opacus accountants ``shuffle``, ``subsampled_shuffle``
+and ``shuffled_checkin`` (at once if Opacus is already imported, otherwise as soon as it is), so
+that ``PrivacyEngine(accountant="shuffled_checkin")`` works. The package itself does not import
+torch: the maths in :mod:`shuffle_opacus.analysis` and the ``shuffle-opacus account`` command
+stay light. The torch-side helpers below are imported on first use.
+
+* :func:`make_private`, :func:`make_private_with_epsilon` (:mod:`shuffle_opacus.privacy`)
+* :class:`ShuffledCheckInSampler`, :class:`FixedSizeShuffledSampler`
+  (:mod:`shuffle_opacus.sampling`)
+* :class:`LocalNoiseDPOptimizer` (:mod:`shuffle_opacus.noise`)
+* the accountant classes (:mod:`shuffle_opacus.accountants`)
+* :func:`calibrate_noise_multiplier` (:mod:`shuffle_opacus.protocols`, no torch)
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from . import _registration
+from .protocols import calibrate_noise_multiplier
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+_LAZY: dict[str, str] = {
+    "make_private": "privacy",
+    "make_private_with_epsilon": "privacy",
+    "ShuffledCheckInSampler": "sampling",
+    "FixedSizeShuffledSampler": "sampling",
+    "LocalNoiseDPOptimizer": "noise",
+    "ShuffleAccountant": "accountants",
+    "SubsampledShuffleAccountant": "accountants",
+    "ShuffledCheckInAccountant": "accountants",
+}
+
+__all__ = ["__version__", "calibrate_noise_multiplier", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the torch-side names on first access (PEP 562)."""
+    if name in _LAZY:
+        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+        value = getattr(module, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """List the public names, lazy ones included."""
+    return sorted(set(globals()) | set(_LAZY))
+
+
+_registration.install()

@@ -1,0 +1,444 @@
+"""Opacus accountants ``shuffle``, ``subsampled_shuffle`` and ``shuffled_checkin``.
+
+Each is an :class:`opacus.accountants.IAccountant` registered under its name, so
+``PrivacyEngine(accountant="shuffled_checkin")`` works after ``import shuffle_opacus``.
+
+What the accountant needs and where it comes from:
+
+* ``history``: ``(noise_multiplier, sample_rate, steps)`` entries, exactly as in Opacus. The
+  noise multiplier is the **local** one: the standard deviation of the Gaussian noise each
+  participating client adds to its clipped update, divided by the clipping norm. The sample
+  rate is the per-round inclusion probability of one client (1 for ``shuffle``, ``m / n`` for
+  ``subsampled_shuffle``, ``gamma`` for ``shuffled_checkin``).
+* ``population`` (``n``): the number of clients. :func:`shuffle_opacus.make_private` sets it from
+  the dataset (one example = one client); otherwise call :meth:`configure`. Without it
+  :meth:`get_epsilon` raises; it never falls back to a central-DP number.
+* ``sensitivity``: in units of the clipping norm, ``"replace-one"`` (2, default) or ``"paper"``
+  (1); see :mod:`shuffle_opacus.protocols`. Analysis sigma = noise_multiplier / sensitivity.
+* ``method``: the core bound; the tightest by default (``exact`` for check-in).
+
+The accountants refuse to be attached by :meth:`opacus.PrivacyEngine.make_private`: that adds
+*central* noise (one draw of std ``noise_multiplier * C`` on the sum), for which shuffle-model
+numbers would be far too small. Use :func:`shuffle_opacus.make_private`, which adds the local
+noise of every client.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from copy import deepcopy
+from typing import Any, ClassVar
+
+from opacus.accountants import IAccountant, register_accountant
+from opacus.accountants import registry as _opacus_registry
+
+from .analysis._validation import check_int, check_positive
+from .analysis.conversion import EpsilonResult
+from .protocols import (
+    ACCOUNTANT_PROTOCOL,
+    check_method,
+    history_epsilon,
+    protocol_sample_rate,
+    resolve_sensitivity,
+)
+
+__all__ = [
+    "ShuffleAccountantBase",
+    "ShuffleAccountant",
+    "SubsampledShuffleAccountant",
+    "ShuffledCheckInAccountant",
+    "ACCOUNTANTS",
+    "register_all",
+]
+
+_HELPER_HINT = (
+    "use shuffle_opacus.make_private(engine, ...) (or shuffle_opacus.make_private_with_epsilon), "
+    "which adds each client's local noise and configures the accountant"
+)
+
+
+class ShuffleAccountantBase(IAccountant):
+    """Shared logic of the three shuffle-model accountants (see the module docstring).
+
+    Attributes:
+        history: ``(noise_multiplier, sample_rate, steps)`` entries; consecutive steps with the
+            same parameters are merged, as in Opacus's RDP accountant.
+        population: Number of clients ``n``, or ``None`` until configured.
+        sensitivity: Sensitivity in units of the clipping norm (2.0 = replace-one).
+        method: Core analysis method.
+        sample_size: Clients per round ``m`` (``subsampled_shuffle`` only).
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        """Create an unconfigured accountant with an empty history (Opacus constructs it so)."""
+        self.history: list[tuple[float, float, int]] = []
+        self.population: int | None = None
+        self.sensitivity: float = resolve_sensitivity("replace-one")
+        self.method: str = check_method(self.protocol(), None)
+        self.sample_size: int | None = None
+
+    @classmethod
+    def mechanism(cls) -> str:
+        """Return the name the accountant is registered under."""
+        return cls.name
+
+    @classmethod
+    def protocol(cls) -> str:
+        """Return the client-sampling protocol (``full``, ``subsampled`` or ``checkin``)."""
+        return ACCOUNTANT_PROTOCOL[cls.name]
+
+    def configure(
+        self,
+        *,
+        population: int,
+        sensitivity: float | str = "replace-one",
+        method: str | None = None,
+        sample_size: int | None = None,
+    ) -> ShuffleAccountantBase:
+        """Set what the analysis needs beyond the history. All checks run before any change.
+
+        Args:
+            population: Number of clients ``n`` (integer >= 1).
+            sensitivity: ``"replace-one"`` (2, default), ``"paper"`` (1) or a number > 0, in
+                units of the clipping norm.
+            method: Core method; the tightest by default.
+            sample_size: Clients per round ``m``; required for ``subsampled_shuffle``, must be
+                omitted (or equal ``population``) otherwise.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            ValueError: on an invalid or inconsistent value, or when the history already
+                holds steps that contradict the new setting (nothing is changed then).
+        """
+        population = check_int("population", population, minimum=1)
+        sens = resolve_sensitivity(sensitivity)
+        method = check_method(self.protocol(), method)
+        protocol = self.protocol()
+        if protocol == "subsampled":
+            protocol_sample_rate(protocol, population=population, sample_size=sample_size)
+            sample_size = int(sample_size)  # type: ignore[arg-type]
+        elif protocol == "full":
+            protocol_sample_rate(protocol, population=population, sample_size=sample_size)
+            sample_size = None
+        elif sample_size is not None:
+            raise ValueError(
+                f"sample_size is not a parameter of the {self.name} accountant (each client "
+                f"checks in independently). Found {sample_size!r}."
+            )
+        if self.history and self.population is not None:
+            same = (population, sens, sample_size) == (
+                self.population,
+                self.sensitivity,
+                self.sample_size,
+            )
+            if not same:
+                raise ValueError(
+                    f"the {self.name} accountant already holds {len(self)} steps accounted with "
+                    f"population={self.population}, sensitivity={self.sensitivity}, "
+                    f"sample_size={self.sample_size}; create a new PrivacyEngine to change them."
+                )
+        self.population = population
+        self.sensitivity = sens
+        self.method = method
+        self.sample_size = sample_size
+        return self
+
+    @property
+    def is_configured(self) -> bool:
+        """True once :meth:`configure` (or :func:`shuffle_opacus.make_private`) has run."""
+        return self.population is not None
+
+    def expected_sample_rate(self) -> float:
+        """Per-round inclusion probability implied by the configuration (1 for ``shuffle``).
+
+        Raises:
+            ValueError: if the accountant is not configured, or for ``shuffled_checkin`` whose
+                rate is not part of the configuration.
+        """
+        self._require_configured("expected_sample_rate")
+        if self.protocol() == "full":
+            return 1.0
+        if self.protocol() == "subsampled":
+            return self.sample_size / self.population  # type: ignore[operator]
+        raise ValueError("the shuffled_checkin rate is not part of the configuration.")
+
+    def _require_configured(self, what: str) -> None:
+        if self.population is None:
+            raise ValueError(
+                f"{self.name} accountant: population (the number of clients, an integer >= 1) "
+                f"is not set, so {what} cannot be computed. Call "
+                f"accountant.configure(population=n, ...) or {_HELPER_HINT}."
+            )
+
+    def _check_step(self, noise_multiplier: float, sample_rate: float) -> tuple[float, float]:
+        nm = check_positive("noise_multiplier", noise_multiplier)
+        if self.protocol() == "checkin":
+            rate = float(sample_rate)
+            if not (0.0 < rate <= 1.0) or math.isnan(rate):
+                raise ValueError(f"sample_rate must be in (0, 1]. Found {sample_rate!r}.")
+            return nm, rate
+        if self.population is not None:
+            expected = self.expected_sample_rate()
+            if not math.isclose(float(sample_rate), expected, rel_tol=1e-9):
+                raise ValueError(
+                    f"sample_rate of the {self.name} accountant must be {expected!r} "
+                    f"(its configured sampling). Found {sample_rate!r}."
+                )
+            return nm, expected
+        if self.protocol() == "full" and float(sample_rate) != 1.0:
+            raise ValueError(
+                f"sample_rate of the shuffle accountant must be 1. Found {sample_rate!r}."
+            )
+        return nm, float(sample_rate)
+
+    def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
+        """Record one round.
+
+        Args:
+            noise_multiplier: Local noise of one client divided by the clipping norm (> 0).
+            sample_rate: Per-round inclusion probability of one client under the protocol.
+
+        Raises:
+            ValueError: on a value outside its range or inconsistent with the configuration.
+        """
+        nm, rate = self._check_step(noise_multiplier, sample_rate)
+        if self.history and self.history[-1][:2] == (nm, rate):
+            last = self.history[-1]
+            self.history[-1] = (nm, rate, last[2] + 1)
+        else:
+            self.history.append((nm, rate, 1))
+
+    def __len__(self) -> int:
+        """Return the number of rounds recorded."""
+        return int(sum(entry[2] for entry in self.history))
+
+    def get_privacy_spent(self, *, delta: float, max_order: int | None = None) -> tuple[float, int]:
+        """Return ``(epsilon, order)`` for the history so far (``(0.0, 0)`` when empty).
+
+        Raises:
+            ValueError: if the accountant is not configured and the history is not empty, or on
+                an invalid ``delta``.
+        """
+        result = self._result(delta, max_order)
+        return result.epsilon, result.order
+
+    def _result(self, delta: float, max_order: int | None) -> EpsilonResult:
+        if not self.history or len(self) == 0:
+            return history_epsilon(
+                [], protocol=self.protocol(), delta=delta, population=1, max_order=max_order
+            )
+        self._require_configured("epsilon")
+        return history_epsilon(
+            list(self.history),
+            protocol=self.protocol(),
+            delta=delta,
+            population=self.population,  # type: ignore[arg-type]
+            sensitivity=self.sensitivity,
+            method=self.method,
+            max_order=max_order,
+        )
+
+    def get_epsilon(self, delta: float, max_order: int | None = None, **kwargs: Any) -> float:
+        """Epsilon spent so far at ``delta``; 0 with an empty history. Never mutates state.
+
+        Args:
+            delta: Target delta in ``(0, 1)``.
+            max_order: Optional cap on the Rényi order (automatic by default).
+            **kwargs: Not accepted; present only because Opacus forwards its keyword arguments.
+
+        Returns:
+            Epsilon (RDP composition of the history, converted by Lemma 2).
+
+        Raises:
+            ValueError: if the accountant is not configured (see :meth:`configure`), or on
+                invalid arguments.
+        """
+        if kwargs:
+            raise ValueError(
+                f"{self.name} accountant: unexpected arguments {sorted(kwargs)}; {_HELPER_HINT}."
+            )
+        return float(self._result(delta, max_order).epsilon)
+
+    def state_dict(self, destination: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+        """History, mechanism and configuration, for ``PrivacyEngine.save_checkpoint``.
+
+        Args:
+            destination: Mapping to fill; a new ``OrderedDict`` by default.
+
+        Returns:
+            The filled mapping.
+        """
+        out: Any = OrderedDict() if destination is None else destination
+        out["history"] = deepcopy(self.history)
+        out["mechanism"] = self.mechanism()
+        out["population"] = self.population
+        out["sensitivity"] = self.sensitivity
+        out["method"] = self.method
+        out["sample_size"] = self.sample_size
+        return out
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; all checks run before anything changes.
+
+        A checkpoint overrides an unconfigured accountant. If this accountant is already
+        configured with a different population, sensitivity or sample size, loading is refused:
+        the checkpoint's epsilon would not describe the current training.
+
+        Args:
+            state_dict: Output of :meth:`state_dict`.
+
+        Raises:
+            ValueError: on a missing key, a different mechanism, an invalid entry or a
+                configuration conflict.
+        """
+        if not state_dict:
+            raise ValueError("state_dict is empty; cannot load it into the accountant.")
+        for key in ("history", "mechanism", "population", "sensitivity", "method"):
+            if key not in state_dict:
+                raise ValueError(f"state_dict has no key {key!r}; it was not saved by {self.name}.")
+        if state_dict["mechanism"] != self.mechanism():
+            raise ValueError(
+                f"state_dict of mechanism {state_dict['mechanism']!r} cannot be loaded into the "
+                f"{self.name} accountant."
+            )
+        history = [
+            (float(nm), float(rate), check_int("steps", steps, minimum=0))
+            for nm, rate, steps in state_dict["history"]
+        ]
+        fresh = type(self)()
+        if state_dict["population"] is not None:
+            fresh.configure(
+                population=state_dict["population"],
+                sensitivity=state_dict["sensitivity"],
+                method=state_dict["method"],
+                sample_size=state_dict.get("sample_size"),
+            )
+            if self.population is not None:
+                mine = (self.population, self.sensitivity, self.sample_size)
+                theirs = (fresh.population, fresh.sensitivity, fresh.sample_size)
+                if mine != theirs:
+                    raise ValueError(
+                        f"checkpoint of the {self.name} accountant has (population, "
+                        f"sensitivity, sample_size) = {theirs}, but this accountant is "
+                        f"configured with {mine}."
+                    )
+        for nm, rate, _ in history:
+            fresh._check_step(nm, rate)
+        self.history = history
+        if fresh.population is not None:
+            self.population = fresh.population
+            self.sensitivity = fresh.sensitivity
+            self.method = fresh.method
+            self.sample_size = fresh.sample_size
+
+    def get_optimizer_hook_fn(self, sample_rate: float) -> Callable[[Any], None]:
+        """Refuse Opacus's own attachment, which would pair this accountant with central noise.
+
+        Raises:
+            ValueError: always; the message points to :func:`shuffle_opacus.make_private`.
+        """
+        raise ValueError(
+            f"the {self.name} accountant cannot be attached by PrivacyEngine.make_private, which "
+            f"adds one central noise draw to the sum; shuffle-model accounting needs every "
+            f"client's local noise: {_HELPER_HINT}. (Opacus has already wrapped the module "
+            f"passed to make_private; pass a fresh module.)"
+        )
+
+    def local_noise_hook(self) -> Callable[[Any], None]:
+        """Return the step hook for :class:`~shuffle_opacus.noise.LocalNoiseDPOptimizer`.
+
+        The hook records the optimizer's (local) noise multiplier and the protocol's sample rate
+        and checks the round's report count against the protocol.
+
+        Returns:
+            A callable taking the optimizer.
+
+        Raises:
+            ValueError: if the accountant is not configured.
+        """
+        self._require_configured("the optimizer hook")
+
+        def hook(optimizer: Any) -> None:
+            from .noise import LocalNoiseDPOptimizer
+
+            if not isinstance(optimizer, LocalNoiseDPOptimizer):
+                raise ValueError(f"the {self.name} accountant needs local noise: {_HELPER_HINT}.")
+            rate = optimizer.accounting_sample_rate
+            reports = optimizer.last_report_count
+            protocol = self.protocol()
+            if protocol in ("full", "subsampled"):
+                expected = self.population if protocol == "full" else self.sample_size
+                if reports != expected:
+                    raise ValueError(
+                        f"the {self.name} accountant expects {expected} reports per round; this "
+                        f"round had {reports}. Is the data loader's sampler the matching one?"
+                    )
+            self.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=rate)
+
+        return hook
+
+
+class ShuffleAccountant(ShuffleAccountantBase):
+    """All ``n`` clients report every round (Theorem 1 of Liew & Takahashi per round)."""
+
+    name: ClassVar[str] = "shuffle"
+
+
+class SubsampledShuffleAccountant(ShuffleAccountantBase):
+    """``m`` of ``n`` clients, without replacement, per round (Theorem 2 per round)."""
+
+    name: ClassVar[str] = "subsampled_shuffle"
+
+
+class ShuffledCheckInAccountant(ShuffleAccountantBase):
+    """Each client checks in independently with probability ``gamma`` every round.
+
+    Per-round RDP from :func:`shuffle_opacus.analysis.checkin_rdp` (``exact`` by default,
+    ``sum`` or the paper's ``theorem3`` on request). Empty rounds are part of the protocol and
+    are accounted as rounds.
+    """
+
+    name: ClassVar[str] = "shuffled_checkin"
+
+
+ACCOUNTANTS: dict[str, type[ShuffleAccountantBase]] = {
+    cls.name: cls
+    for cls in (ShuffleAccountant, SubsampledShuffleAccountant, ShuffledCheckInAccountant)
+}
+
+
+def _is_ours(cls: object, name: str) -> bool:
+    return (
+        isinstance(cls, type)
+        and getattr(cls, "__module__", None) == __name__
+        and getattr(cls, "name", None) == name
+    )
+
+
+def register_all() -> None:
+    """Register the three accountants with Opacus; repeated calls are harmless.
+
+    A name already taken by some other accountant class is left alone, with a warning.
+    """
+    # Read-only look at Opacus's table so that a foreign class is never instantiated here.
+    table: Mapping[str, type] = getattr(_opacus_registry, "_ACCOUNTANTS", {})
+    for name, cls in ACCOUNTANTS.items():
+        existing = table.get(name)
+        if existing is None or _is_ours(existing, name):
+            register_accountant(name, cls, force=True)
+        else:
+            warnings.warn(
+                f"Opacus accountant name {name!r} is taken by {existing.__module__}."
+                f"{existing.__qualname__}; shuffle_opacus did not replace it.",
+                stacklevel=2,
+            )
+
+
+register_all()

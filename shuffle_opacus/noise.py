@@ -1,0 +1,167 @@
+"""Local Gaussian noise for shuffle-model training: every participating client adds its own noise.
+
+In the protocol each of the ``B_t`` clients of round ``t`` clips its gradient to norm ``C``, adds
+``N(0, sigma^2 C^2 I)`` and sends the report through the shuffler; the server sums the reports.
+The sum of ``B_t`` independent ``N(0, sigma^2 C^2 I)`` vectors is exactly distributed as
+``N(0, B_t sigma^2 C^2 I)``, so :class:`LocalNoiseDPOptimizer` offers two ways to produce the
+aggregated update:
+
+* ``noise_mode="sum"`` (default, the simulation of Liew & Takahashi §5.2): one Gaussian draw on
+  the sum of clipped gradients with standard deviation ``sigma * C * sqrt(B_t)``. ``B_t`` is the
+  round's actual number of reports, which is public in the shuffle model.
+* ``noise_mode="per_client"``: one draw per client, summed; the same distribution at ``B_t``
+  times the cost, kept as a reference to check the simulation against.
+
+``noise_multiplier`` is the *local* sigma (per-client noise std over ``C``); that is what the
+accountant records. An empty round (``B_t = 0``) has no reports, hence no noise and a zero
+gradient; it still counts as a round for the accountant, because the check-in analysis averages
+over the round's size, zero included.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from opacus.optimizers import DPOptimizer
+from opacus.optimizers.optimizer import (
+    _check_processed_flag,
+    _generate_noise,
+    _mark_as_processed,
+)
+
+from .analysis._validation import check_positive, check_probability
+
+__all__ = ["NOISE_MODES", "LocalNoiseDPOptimizer"]
+
+NOISE_MODES: tuple[str, ...] = ("sum", "per_client")
+
+_CHUNK_ELEMENTS = 1 << 22  # per-client mode: at most this many noise values in memory at once
+
+
+class LocalNoiseDPOptimizer(DPOptimizer):
+    """An Opacus ``DPOptimizer`` whose noise is the sum of every client's local noise.
+
+    Clipping is Opacus's flat per-sample clipping. After clipping, the round's sum of clipped
+    gradients receives noise of variance ``B_t * (noise_multiplier * max_grad_norm)^2`` per
+    coordinate, where ``B_t`` is the number of per-sample gradients accumulated in the round.
+    With ``loss_reduction="mean"`` the noisy sum is divided by ``expected_batch_size`` (the
+    expected number of reports per round, e.g. ``n * rate``), as Opacus does.
+
+    Attributes:
+        accounting_sample_rate: Per-round inclusion probability passed to the accountant.
+        noise_mode: ``"sum"`` or ``"per_client"``.
+        last_report_count: ``B_t`` of the most recent noisy step.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        noise_multiplier: float,
+        max_grad_norm: float,
+        expected_batch_size: float,
+        accounting_sample_rate: float,
+        loss_reduction: str = "mean",
+        generator: torch.Generator | None = None,
+        secure_mode: bool = False,
+        noise_mode: str = "sum",
+    ) -> None:
+        """Wrap ``optimizer``.
+
+        Args:
+            optimizer: The optimizer to wrap.
+            noise_multiplier: Local sigma: per-client noise std divided by ``max_grad_norm`` (> 0).
+            max_grad_norm: Clipping norm ``C`` (> 0).
+            expected_batch_size: Expected reports per round (> 0), the divisor of a mean loss.
+            accounting_sample_rate: Per-round inclusion probability of one client, in ``(0, 1]``.
+            loss_reduction: ``"mean"`` or ``"sum"``, as the loss the model is trained with.
+            generator: Torch generator for the noise (not allowed with ``secure_mode``).
+            secure_mode: Use Opacus's floating-point-attack-resistant noise (``sum`` mode only).
+            noise_mode: ``"sum"`` or ``"per_client"`` (see the module docstring).
+
+        Raises:
+            ValueError: on an out-of-range argument.
+        """
+        noise_multiplier = check_positive("noise_multiplier", noise_multiplier)
+        max_grad_norm = check_positive("max_grad_norm", max_grad_norm)
+        expected_batch_size = check_positive("expected_batch_size", expected_batch_size)
+        accounting_sample_rate = check_probability("accounting_sample_rate", accounting_sample_rate)
+        if loss_reduction not in ("mean", "sum"):
+            raise ValueError(f"loss_reduction must be 'mean' or 'sum'. Found {loss_reduction!r}.")
+        if noise_mode not in NOISE_MODES:
+            raise ValueError(f"noise_mode must be one of sum, per_client. Found {noise_mode!r}.")
+        if noise_mode == "per_client" and secure_mode:
+            raise ValueError("noise_mode='per_client' is a reference mode; it has no secure_mode.")
+        super().__init__(
+            optimizer,
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            expected_batch_size=expected_batch_size,  # type: ignore[arg-type]
+            loss_reduction=loss_reduction,
+            generator=generator,
+            secure_mode=secure_mode,
+        )
+        self.accounting_sample_rate = accounting_sample_rate
+        self.noise_mode = noise_mode
+        self.last_report_count = 0
+        self._pending_reports = 0
+
+    def _batch_reports(self) -> int:
+        grad_sample = self.params[0].grad_sample if self.params else None
+        if isinstance(grad_sample, torch.Tensor):
+            return int(grad_sample.shape[0])
+        if isinstance(grad_sample, list):
+            return int(sum(g.shape[0] for g in grad_sample))
+        return 0
+
+    def clip_and_accumulate(self) -> None:
+        """Clip per-sample gradients into ``p.summed_grad`` and count the reports."""
+        self._pending_reports += self._batch_reports()
+        super().clip_and_accumulate()
+
+    def _per_client_noise(self, std: float, reports: int, reference: torch.Tensor) -> torch.Tensor:
+        total = torch.zeros_like(reference)
+        if reports == 0:
+            return total
+        chunk = max(1, _CHUNK_ELEMENTS // max(1, reference.numel()))
+        done = 0
+        while done < reports:
+            k = min(chunk, reports - done)
+            draws = torch.normal(
+                0.0,
+                std,
+                size=(k, *reference.shape),
+                device=reference.device,
+                dtype=reference.dtype,
+                generator=self.generator,
+            )
+            total += draws.sum(dim=0)
+            done += k
+        return total
+
+    def add_noise(self) -> None:
+        """Add the round's local noise to every ``p.summed_grad`` (result in ``p.grad``)."""
+        reports = self._pending_reports
+        self._pending_reports = 0
+        self.last_report_count = reports
+        std = self.noise_multiplier * self.max_grad_norm
+        for p in self.params:
+            _check_processed_flag(p.summed_grad)
+            if self.noise_mode == "sum":
+                noise = _generate_noise(
+                    std=std * math.sqrt(reports),
+                    reference=p.summed_grad,
+                    generator=self.generator,
+                    secure_mode=self.secure_mode,
+                )
+            else:
+                noise = self._per_client_noise(std, reports, p.summed_grad)
+            p.grad = (p.summed_grad + noise).view_as(p)
+            _mark_as_processed(p.summed_grad)
+
+    def scale_grad(self) -> None:
+        """Divide by the expected reports per round when the loss is a mean."""
+        if self.loss_reduction == "mean":
+            for p in self.params:
+                p.grad /= self.expected_batch_size

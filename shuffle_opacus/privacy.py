@@ -1,0 +1,541 @@
+"""Turn a model, optimizer and data loader into shuffle-model private training with Opacus.
+
+:func:`make_private` is the package's counterpart of :meth:`opacus.PrivacyEngine.make_private`
+for an engine created with one of the shuffle accountants::
+
+    import shuffle_opacus
+    from opacus import PrivacyEngine
+
+    engine = PrivacyEngine(accountant="shuffled_checkin")
+    model, optimizer, loader = shuffle_opacus.make_private(
+        engine, module=model, optimizer=optimizer, data_loader=loader,
+        noise_multiplier=5.0, max_grad_norm=0.01, rate=0.1, rounds=5540, seed=0,
+    )
+
+It replaces the loader's sampling by the protocol's sampler (one dataset example = one client),
+wraps the model for per-sample gradients, makes the optimizer add every participating client's
+local noise (:class:`~shuffle_opacus.noise.LocalNoiseDPOptimizer`), and configures and attaches
+the accountant. Every argument is checked before anything is changed: after a ``ValueError`` the
+module, the optimizer and the accountant are as they were.
+
+:func:`make_private_with_epsilon` first calibrates the local noise multiplier to a target
+``(epsilon, delta)`` with :func:`shuffle_opacus.protocols.calibrate_noise_multiplier`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from opacus import PrivacyEngine
+from opacus.data_loader import dtype_safe, shape_safe, wrap_collate_with_empty
+from opacus.grad_sample import AbstractGradSampleModule, prepare_module
+from opacus.validators import ModuleValidator
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
+
+from .accountants import ACCOUNTANTS, ShuffleAccountantBase
+from .analysis._validation import check_int, check_positive, check_probability
+from .noise import NOISE_MODES, LocalNoiseDPOptimizer
+from .protocols import calibrate_noise_multiplier, check_method, resolve_sensitivity
+from .sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler, ShuffleRoundSampler
+
+__all__ = ["make_private", "make_private_with_epsilon"]
+
+_GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew")
+_SAMPLER_FOR = {
+    "checkin": "ShuffledCheckInSampler",
+    "subsampled": "FixedSizeShuffledSampler with m < n",
+    "full": "FixedSizeShuffledSampler with m = n",
+}
+
+
+@dataclass(frozen=True)
+class _Plan:
+    accountant: ShuffleAccountantBase
+    sampler: ShuffleRoundSampler
+    population: int
+    sensitivity: float
+    method: str
+
+
+def _shuffle_accountant(engine: PrivacyEngine) -> ShuffleAccountantBase:
+    accountant = getattr(engine, "accountant", None)
+    if not isinstance(accountant, ShuffleAccountantBase):
+        found = accountant.mechanism() if hasattr(accountant, "mechanism") else accountant
+        raise ValueError(
+            f"engine.accountant must be one of {', '.join(ACCOUNTANTS)} "
+            f"(PrivacyEngine(accountant=...)). Found {found!r}."
+        )
+    return accountant
+
+
+def _population(data_loader: DataLoader) -> int:
+    if not isinstance(data_loader, DataLoader):
+        raise ValueError(f"data_loader must be a torch DataLoader. Found {type(data_loader)!r}.")
+    dataset = data_loader.dataset
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        raise ValueError(
+            "data_loader.dataset must be a map-style dataset with a length (one example per "
+            "client); iterable datasets have no population size."
+        )
+    n = len(dataset)  # type: ignore[arg-type]
+    if n < 1:
+        raise ValueError("data_loader.dataset must hold at least one example (client).")
+    return n
+
+
+def _sampler(
+    protocol: str,
+    name: str,
+    data_loader: DataLoader,
+    n: int,
+    *,
+    rounds: int | None,
+    rate: float | None,
+    sample_size: int | None,
+    seed: int | None,
+    start_round: int,
+) -> ShuffleRoundSampler:
+    existing = data_loader.batch_sampler
+    if isinstance(existing, ShuffleRoundSampler):
+        if existing.protocol != protocol:
+            raise ValueError(
+                f"the {name} accountant needs the {protocol} protocol ({_SAMPLER_FOR[protocol]}); "
+                f"data_loader samples with {type(existing).__name__} (protocol "
+                f"{existing.protocol})."
+            )
+        if existing.n != n:
+            raise ValueError(
+                f"data_loader's sampler has n={existing.n} but the dataset holds {n} examples."
+            )
+        given = {"rounds": rounds, "rate": rate, "sample_size": sample_size, "seed": seed}
+        actual = {
+            "rounds": existing.rounds,
+            "rate": getattr(existing, "rate", None),
+            "sample_size": getattr(existing, "m", None),
+            "seed": existing.seed,
+        }
+        for key, value in given.items():
+            if value is not None and value != actual[key]:
+                raise ValueError(
+                    f"{key}={value!r} contradicts data_loader's sampler ({existing!r}); pass one "
+                    f"or the other."
+                )
+        if start_round:
+            raise ValueError("start_round applies to a sampler built here; set it on your sampler.")
+        return existing
+    if rounds is None:
+        raise ValueError("rounds is required (an integer >= 1): the number of training rounds.")
+    if protocol == "checkin":
+        if sample_size is not None:
+            raise ValueError(
+                f"sample_size is not a parameter of the {name} accountant (each client checks "
+                f"in with probability rate). Found {sample_size!r}."
+            )
+        if rate is None:
+            raise ValueError(f"rate is required for the {name} accountant; it must be in (0, 1].")
+        check_probability("rate", rate)
+        return ShuffledCheckInSampler(n, rate, rounds, seed, start_round=start_round)
+    if rate is not None:
+        raise ValueError(
+            f"rate is not a parameter of the {name} accountant (use sample_size). Found {rate!r}."
+        )
+    if protocol == "full":
+        if sample_size is not None and sample_size != n:
+            raise ValueError(
+                f"sample_size of the shuffle accountant must equal the dataset size ({n}); use "
+                f"subsampled_shuffle for fewer clients per round. Found {sample_size!r}."
+            )
+        return FixedSizeShuffledSampler(n, n, rounds, seed, start_round=start_round)
+    if sample_size is None:
+        raise ValueError(
+            f"sample_size is required for the {name} accountant; it must be an integer in "
+            f"[1, {n - 1}] (use the shuffle accountant for all {n} clients)."
+        )
+    m = check_int("sample_size", sample_size, minimum=1, maximum=n)
+    if m == n:
+        raise ValueError(
+            f"sample_size must be an integer in [1, {n - 1}] for subsampled_shuffle; with all "
+            f"{n} clients per round use the shuffle accountant. Found {sample_size!r}."
+        )
+    return FixedSizeShuffledSampler(n, m, rounds, seed, start_round=start_round)
+
+
+def _plan(
+    engine: PrivacyEngine,
+    data_loader: DataLoader,
+    *,
+    rounds: int | None,
+    rate: float | None,
+    sample_size: int | None,
+    seed: int | None,
+    start_round: int,
+    sensitivity: float | str,
+    method: str | None,
+) -> _Plan:
+    accountant = _shuffle_accountant(engine)
+    protocol = accountant.protocol()
+    n = _population(data_loader)
+    sampler = _sampler(
+        protocol,
+        accountant.mechanism(),
+        data_loader,
+        n,
+        rounds=rounds,
+        rate=rate,
+        sample_size=sample_size,
+        seed=seed,
+        start_round=start_round,
+    )
+    sens = resolve_sensitivity(sensitivity)
+    method = check_method(protocol, method)
+    # Dry run on a fresh accountant, then the conflict check against the real one.
+    sample = sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None
+    type(accountant)().configure(population=n, sensitivity=sens, method=method, sample_size=sample)
+    if accountant.history and accountant.population is not None:
+        if (accountant.population, accountant.sensitivity) != (n, sens):
+            raise ValueError(
+                f"engine.accountant already holds {len(accountant)} rounds for "
+                f"population={accountant.population}, sensitivity={accountant.sensitivity}; got "
+                f"population={n}, sensitivity={sens}. Use a new PrivacyEngine."
+            )
+    return _Plan(accountant, sampler, n, sens, method)
+
+
+def _check_training_args(
+    engine: PrivacyEngine,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    max_grad_norm: float,
+    noise_mode: str,
+    loss_reduction: str,
+    grad_sample_mode: str,
+    noise_generator: torch.Generator | None,
+) -> None:
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"module must be a torch.nn.Module. Found {type(module)!r}.")
+    if isinstance(module, AbstractGradSampleModule):
+        raise ValueError(
+            "module is already wrapped for per-sample gradients; pass the plain module."
+        )
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer. Found {type(optimizer)!r}.")
+    check_positive("max_grad_norm", max_grad_norm)
+    if noise_mode not in NOISE_MODES:
+        raise ValueError(
+            f"noise_mode must be one of {', '.join(NOISE_MODES)}. Found {noise_mode!r}."
+        )
+    if loss_reduction not in ("mean", "sum"):
+        raise ValueError(f"loss_reduction must be 'mean' or 'sum'. Found {loss_reduction!r}.")
+    if grad_sample_mode not in _GRAD_SAMPLE_MODES:
+        raise ValueError(
+            f"grad_sample_mode must be one of {', '.join(_GRAD_SAMPLE_MODES)}. "
+            f"Found {grad_sample_mode!r}."
+        )
+    if engine.secure_mode and noise_generator is not None:
+        raise ValueError("noise_generator must be None in secure mode (Opacus's rule).")
+    if engine.secure_mode and noise_mode == "per_client":
+        raise ValueError("noise_mode='per_client' is a reference mode and has no secure mode.")
+    params = set(module.parameters())
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p not in params:
+                raise ValueError("optimizer holds parameters that are not the module's.")
+    errors = ModuleValidator.validate(module, strict=False)
+    if errors:
+        raise ValueError(
+            "module is not compatible with per-sample clipping: "
+            + "; ".join(str(e) for e in errors)
+            + " (opacus.validators.ModuleValidator.fix can replace such layers)."
+        )
+
+
+def _private_loader(data_loader: DataLoader, sampler: ShuffleRoundSampler) -> DataLoader:
+    dataset = data_loader.dataset
+    first = dataset[0]
+    if isinstance(first, (tuple, list)):
+        shapes = [(0, *shape_safe(x)) for x in first]
+        dtypes = [dtype_safe(x) for x in first]
+    else:
+        shapes, dtypes = None, None
+    collate = wrap_collate_with_empty(
+        collate_fn=data_loader.collate_fn, sample_empty_shapes=shapes, dtypes=dtypes
+    )
+    kwargs: dict[str, Any] = {
+        "num_workers": data_loader.num_workers,
+        "pin_memory": data_loader.pin_memory,
+        "timeout": data_loader.timeout,
+        "worker_init_fn": data_loader.worker_init_fn,
+    }
+    if data_loader.num_workers > 0:
+        kwargs["persistent_workers"] = data_loader.persistent_workers
+        kwargs["prefetch_factor"] = data_loader.prefetch_factor
+        kwargs["multiprocessing_context"] = data_loader.multiprocessing_context
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **kwargs)
+
+
+def make_private(
+    engine: PrivacyEngine,
+    *,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data_loader: DataLoader,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    rounds: int | None = None,
+    rate: float | None = None,
+    sample_size: int | None = None,
+    seed: int | None = None,
+    start_round: int = 0,
+    sensitivity: float | str = "replace-one",
+    method: str | None = None,
+    noise_mode: str = "sum",
+    loss_reduction: str = "mean",
+    grad_sample_mode: str = "hooks",
+    batch_first: bool = True,
+    noise_generator: torch.Generator | None = None,
+) -> tuple[AbstractGradSampleModule, LocalNoiseDPOptimizer, DataLoader]:
+    """Prepare shuffle-model private training on an engine with a shuffle accountant.
+
+    The protocol follows ``engine.accountant``: ``shuffled_checkin`` needs ``rate``,
+    ``subsampled_shuffle`` needs ``sample_size`` (``m < n``), ``shuffle`` uses all ``n`` clients.
+    ``n`` is the dataset size (one example = one client). If ``data_loader`` already samples with
+    a :class:`~shuffle_opacus.sampling.ShuffleRoundSampler`, that sampler is used (and must match
+    the accountant); otherwise its batching is replaced by the protocol's sampler.
+
+    Each step of the returned optimizer is one round: call ``optimizer.step()`` for every batch,
+    empty ones included, so that the accountant counts every round.
+
+    Args:
+        engine: A ``PrivacyEngine(accountant=...)`` with a shuffle accountant.
+        module: The model (plain ``nn.Module`` in training mode).
+        optimizer: Optimizer over the module's parameters.
+        data_loader: Loader over the clients' data.
+        noise_multiplier: Local sigma: each client's noise std divided by ``max_grad_norm``.
+        max_grad_norm: Clipping norm ``C`` of each client's gradient (> 0).
+        rounds: Number of rounds (required unless the loader has a shuffle sampler).
+        rate: Check-in probability (``shuffled_checkin``), in ``(0, 1]``.
+        sample_size: Clients per round (``subsampled_shuffle``), in ``[1, n - 1]``.
+        seed: Sampling seed (integer >= 0); ``None`` draws one (read ``loader.batch_sampler.seed``).
+        start_round: First round to produce, to resume a run (with the same seed).
+        sensitivity: ``"replace-one"`` (2, default), ``"paper"`` (1) or a number, in units of ``C``;
+            see :mod:`shuffle_opacus.protocols`.
+        method: Core analysis method; the tightest by default.
+        noise_mode: ``"sum"`` (one draw with std ``sigma C sqrt(B_t)``) or ``"per_client"``.
+        loss_reduction: ``"mean"`` or ``"sum"``, matching the training loss.
+        grad_sample_mode: Opacus per-sample gradient mode: ``hooks``, ``functorch`` or ``ew``.
+        batch_first: Whether the batch dimension of inputs is the first one.
+        noise_generator: Torch generator for the noise (not in secure mode).
+
+    Returns:
+        ``(module, optimizer, data_loader)``: the wrapped module, a
+        :class:`~shuffle_opacus.noise.LocalNoiseDPOptimizer`, and a loader whose batches are
+        rounds.
+
+    Raises:
+        ValueError: on any invalid or inconsistent argument; nothing has been changed then.
+    """
+    check_positive("noise_multiplier", noise_multiplier)
+    _check_training_args(
+        engine,
+        module,
+        optimizer,
+        max_grad_norm=max_grad_norm,
+        noise_mode=noise_mode,
+        loss_reduction=loss_reduction,
+        grad_sample_mode=grad_sample_mode,
+        noise_generator=noise_generator,
+    )
+    plan = _plan(
+        engine,
+        data_loader,
+        rounds=rounds,
+        rate=rate,
+        sample_size=sample_size,
+        seed=seed,
+        start_round=start_round,
+        sensitivity=sensitivity,
+        method=method,
+    )
+    return _apply(
+        engine,
+        plan,
+        module=module,
+        optimizer=optimizer,
+        data_loader=data_loader,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm,
+        noise_mode=noise_mode,
+        loss_reduction=loss_reduction,
+        grad_sample_mode=grad_sample_mode,
+        batch_first=batch_first,
+        noise_generator=noise_generator,
+    )
+
+
+def _apply(
+    engine: PrivacyEngine,
+    plan: _Plan,
+    *,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data_loader: DataLoader,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    noise_mode: str,
+    loss_reduction: str,
+    grad_sample_mode: str,
+    batch_first: bool,
+    noise_generator: torch.Generator | None,
+) -> tuple[AbstractGradSampleModule, LocalNoiseDPOptimizer, DataLoader]:
+    sampler = plan.sampler
+    sample_size = sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None
+    if engine.secure_mode:
+        warnings.warn(
+            "secure_mode protects the noise; client sampling uses numpy's PCG64, which is a "
+            "simulation-grade generator.",
+            stacklevel=3,
+        )
+    loader = _private_loader(data_loader, sampler)
+    plan.accountant.configure(
+        population=plan.population,
+        sensitivity=plan.sensitivity,
+        method=plan.method,
+        sample_size=sample_size,
+    )
+    wrapped = prepare_module(
+        module, grad_sample_mode, batch_first=batch_first, loss_reduction=loss_reduction
+    )
+    wrapped.forbid_grad_accumulation()
+    dp_optimizer = LocalNoiseDPOptimizer(
+        optimizer,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm,
+        expected_batch_size=sampler.expected_batch_size,
+        accounting_sample_rate=sampler.sample_rate,
+        loss_reduction=loss_reduction,
+        generator=engine.secure_rng if engine.secure_mode else noise_generator,
+        secure_mode=engine.secure_mode,
+        noise_mode=noise_mode,
+    )
+    dp_optimizer.attach_step_hook(plan.accountant.local_noise_hook())
+    if engine.dataset is None:
+        engine.dataset = data_loader.dataset
+    return wrapped, dp_optimizer, loader
+
+
+def make_private_with_epsilon(
+    engine: PrivacyEngine,
+    *,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data_loader: DataLoader,
+    target_epsilon: float,
+    target_delta: float,
+    max_grad_norm: float,
+    rounds: int | None = None,
+    rate: float | None = None,
+    sample_size: int | None = None,
+    seed: int | None = None,
+    start_round: int = 0,
+    sensitivity: float | str = "replace-one",
+    method: str | None = None,
+    noise_mode: str = "sum",
+    loss_reduction: str = "mean",
+    grad_sample_mode: str = "hooks",
+    batch_first: bool = True,
+    noise_generator: torch.Generator | None = None,
+    rel_tol: float = 1e-3,
+) -> tuple[AbstractGradSampleModule, LocalNoiseDPOptimizer, DataLoader]:
+    """Like :func:`make_private`, with the local noise multiplier calibrated to a budget.
+
+    The noise multiplier is the smallest (to ``rel_tol``) for which all the sampler's rounds
+    stay within ``(target_epsilon, target_delta)``; it never overshoots the target. It is
+    available afterwards as ``optimizer.noise_multiplier``.
+
+    Args:
+        engine: See :func:`make_private`.
+        module: See :func:`make_private`.
+        optimizer: See :func:`make_private`.
+        data_loader: See :func:`make_private`.
+        target_epsilon: Budget epsilon after all rounds (> 0).
+        target_delta: Budget delta in ``(0, 1)``.
+        max_grad_norm: See :func:`make_private`.
+        rounds: See :func:`make_private`.
+        rate: See :func:`make_private`.
+        sample_size: See :func:`make_private`.
+        seed: See :func:`make_private`.
+        start_round: See :func:`make_private`.
+        sensitivity: See :func:`make_private`.
+        method: See :func:`make_private`.
+        noise_mode: See :func:`make_private`.
+        loss_reduction: See :func:`make_private`.
+        grad_sample_mode: See :func:`make_private`.
+        batch_first: See :func:`make_private`.
+        noise_generator: See :func:`make_private`.
+        rel_tol: Relative precision of the calibrated noise multiplier.
+
+    Returns:
+        As :func:`make_private`.
+
+    Raises:
+        ValueError: on invalid arguments or an unreachable budget; nothing has been changed then.
+    """
+    _check_training_args(
+        engine,
+        module,
+        optimizer,
+        max_grad_norm=max_grad_norm,
+        noise_mode=noise_mode,
+        loss_reduction=loss_reduction,
+        grad_sample_mode=grad_sample_mode,
+        noise_generator=noise_generator,
+    )
+    plan = _plan(
+        engine,
+        data_loader,
+        rounds=rounds,
+        rate=rate,
+        sample_size=sample_size,
+        seed=seed,
+        start_round=start_round,
+        sensitivity=sensitivity,
+        method=method,
+    )
+    if len(plan.accountant) > 0:
+        warnings.warn(
+            "engine.accountant already holds rounds; the calibrated noise assumes a fresh budget, "
+            "so the total epsilon will exceed the target.",
+            stacklevel=2,
+        )
+    sampler = plan.sampler
+    noise_multiplier = calibrate_noise_multiplier(
+        target_epsilon=target_epsilon,
+        delta=target_delta,
+        population=plan.population,
+        rounds=sampler.rounds,
+        protocol=sampler.protocol,
+        rate=sampler.sample_rate if sampler.protocol == "checkin" else None,
+        sample_size=sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None,
+        sensitivity=plan.sensitivity,
+        method=plan.method,
+        rel_tol=rel_tol,
+    )
+    return _apply(
+        engine,
+        plan,
+        module=module,
+        optimizer=optimizer,
+        data_loader=data_loader,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm,
+        noise_mode=noise_mode,
+        loss_reduction=loss_reduction,
+        grad_sample_mode=grad_sample_mode,
+        batch_first=batch_first,
+        noise_generator=noise_generator,
+    )
