@@ -1,0 +1,331 @@
+"""End to end with Opacus: train a tiny model with each accountant, checkpoint, resume, reject."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opacus import PrivacyEngine
+from torch.utils.data import DataLoader
+
+import shuffle_opacus
+from shuffle_opacus.analysis import compute_epsilon
+from shuffle_opacus.protocols import history_epsilon
+from shuffle_opacus.sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler
+from tests.opacus_helpers import (
+    N_CLIENTS,
+    SETTINGS,
+    dataset,
+    has_grad_sample_hooks,
+    loader,
+    model,
+    train,
+)
+
+ROUNDS = 10
+
+
+def private(name: str, *, seed: int = 0, rounds: int = ROUNDS, **overrides):
+    engine = PrivacyEngine(accountant=name)
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.2)
+    kwargs = {
+        "module": net,
+        "optimizer": opt,
+        "data_loader": loader(),
+        "noise_multiplier": 2.0,
+        "max_grad_norm": 1.0,
+        "rounds": rounds,
+        "seed": seed,
+        **SETTINGS[name][0],
+        **overrides,
+    }
+    return (engine, *shuffle_opacus.make_private(engine, **kwargs))
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_training_epsilon_equals_the_core(name):
+    engine, module, optimizer, data = private(name)
+    sizes, eps = train(module, optimizer, data, engine)
+    assert len(sizes) == ROUNDS and len(engine.accountant) == ROUNDS
+    core = compute_epsilon(
+        **SETTINGS[name][1], n=N_CLIENTS, sigma=1.0, steps=ROUNDS, delta=1e-5
+    )  # sigma = noise_multiplier / 2 (replace-one)
+    assert eps[-1] == pytest.approx(core.epsilon, rel=1e-12)
+    assert all(a < b for a, b in zip(eps, eps[1:], strict=False))
+    assert all(torch.isfinite(p).all() for p in module.parameters())
+
+
+def test_accountant_records_the_local_noise_multiplier():
+    engine, module, optimizer, data = private("shuffled_checkin", noise_multiplier=3.5)
+    train(module, optimizer, data)
+    assert engine.accountant.history == [(3.5, 0.25, ROUNDS)]
+
+
+def test_checkin_batches_vary_and_empty_rounds_are_accounted():
+    engine, module, optimizer, data = private("shuffled_checkin", rate=0.01, rounds=60)
+    sizes, _ = train(module, optimizer, data)
+    assert 0 in sizes and max(sizes) > 0
+    assert len(engine.accountant) == 60
+    assert all(torch.isfinite(p).all() for p in module.parameters())
+
+
+def test_an_empty_first_round_survives():
+    first_empty = next(
+        s for s in range(1000) if not ShuffledCheckInSampler(N_CLIENTS, 0.02, 30, seed=s).batch(0)
+    )
+    sampler = ShuffledCheckInSampler(N_CLIENTS, 0.02, 30, seed=first_empty)
+    engine = PrivacyEngine(accountant="shuffled_checkin")
+    net = model()
+    module, optimizer, data = shuffle_opacus.make_private(
+        engine,
+        module=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+        data_loader=DataLoader(dataset(), batch_sampler=sampler),
+        noise_multiplier=2.0,
+        max_grad_norm=1.0,
+    )
+    sizes, _ = train(module, optimizer, data)
+    assert sizes[0] == 0 and len(engine.accountant) == 30
+
+
+def test_checkpoint_and_resume_give_the_same_epsilon_trajectory(tmp_path):
+    name, rounds, cut = "shuffled_checkin", 12, 5
+    engine, module, optimizer, data = private(name, rounds=rounds, seed=4)
+    full_sizes, full_eps = train(module, optimizer, data, engine)
+
+    engine, module, optimizer, data = private(name, rounds=rounds, seed=4)
+    sizes, eps = [], []
+    for i, (x, y) in enumerate(data):
+        if i == cut:
+            break
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(module(x), y).backward()
+        optimizer.step()
+        sizes.append(len(x))
+        eps.append(engine.get_epsilon(1e-5))
+    path = tmp_path / "ckpt.pt"
+    engine.save_checkpoint(path=path, module=module, optimizer=optimizer)
+    saved = copy.deepcopy(engine.accountant.state_dict())
+
+    engine2, module2, optimizer2, data2 = private(name, rounds=rounds, seed=4, start_round=cut)
+    engine2.load_checkpoint(path=path, module=module2, optimizer=optimizer2)
+    assert engine2.accountant.state_dict() == saved
+    assert engine2.get_epsilon(1e-5) == eps[-1]
+    more_sizes, more_eps = train(module2, optimizer2, data2, engine2)
+    assert sizes + more_sizes == full_sizes
+    assert eps + more_eps == full_eps
+
+
+@pytest.mark.parametrize("sensitivity", ["replace-one", "paper", 1.5])
+def test_sensitivity_convention(sensitivity):
+    engine, module, optimizer, data = private("shuffle", sensitivity=sensitivity)
+    train(module, optimizer, data)
+    scale = {"replace-one": 2.0, "paper": 1.0, 1.5: 1.5}[sensitivity]
+    core = compute_epsilon("shuffle", n=N_CLIENTS, sigma=2.0 / scale, steps=ROUNDS, delta=1e-5)
+    assert engine.get_epsilon(1e-5) == pytest.approx(core.epsilon, rel=1e-12)
+
+
+def test_make_private_with_epsilon_meets_the_target():
+    engine = PrivacyEngine(accountant="shuffled_checkin")
+    net = model()
+    module, optimizer, data = shuffle_opacus.make_private_with_epsilon(
+        engine,
+        module=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+        data_loader=loader(),
+        target_epsilon=3.0,
+        target_delta=1e-5,
+        max_grad_norm=1.0,
+        rate=0.25,
+        rounds=ROUNDS,
+        seed=0,
+    )
+    train(module, optimizer, data)
+    eps = engine.get_epsilon(1e-5)
+    assert eps <= 3.0
+    assert eps > 3.0 * 0.99
+
+
+# --- Opacus's own entry points --------------------------------------------------------------
+
+
+def test_opacus_make_private_with_epsilon_points_to_the_helper():
+    engine = PrivacyEngine(accountant="shuffled_checkin")
+    net = model()
+    with pytest.raises(ValueError, match="shuffle_opacus.make_private_with_epsilon"):
+        engine.make_private_with_epsilon(
+            module=net,
+            optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+            data_loader=loader(),
+            target_epsilon=1.0,
+            target_delta=1e-5,
+            epochs=1,
+            max_grad_norm=1.0,
+        )
+    assert not has_grad_sample_hooks(net)
+
+
+def test_opacus_make_private_is_refused():
+    engine = PrivacyEngine(accountant="shuffle")
+    net = model()
+    with pytest.raises(ValueError, match="shuffle_opacus.make_private"):
+        engine.make_private(
+            module=net,
+            optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+            data_loader=loader(),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+        )
+
+
+# --- bad input: a clear error and nothing applied -----------------------------------------
+
+
+def fixed_loader(m: int) -> DataLoader:
+    return DataLoader(dataset(), batch_sampler=FixedSizeShuffledSampler(N_CLIENTS, m, 5, seed=0))
+
+
+BAD = [
+    ("shuffled_checkin", {"rate": 0.0}, r"rate must be in \(0, 1\]"),
+    ("shuffled_checkin", {"rate": 1.5}, r"rate must be in \(0, 1\]"),
+    ("shuffled_checkin", {"rate": None}, r"rate is required"),
+    ("shuffled_checkin", {"rate": 0.1, "sample_size": 3}, "sample_size is not a parameter"),
+    ("shuffled_checkin", {"rounds": None}, "rounds is required"),
+    ("shuffled_checkin", {"rounds": 0}, r"rounds must be an integer >= 1"),
+    ("shuffled_checkin", {"noise_multiplier": 0.0}, "noise_multiplier must be a finite number > 0"),
+    ("shuffled_checkin", {"noise_multiplier": -2.0}, "noise_multiplier must be"),
+    ("shuffled_checkin", {"max_grad_norm": 0.0}, "max_grad_norm must be"),
+    ("shuffled_checkin", {"sensitivity": "huge"}, "sensitivity must be one of"),
+    ("shuffled_checkin", {"method": "theorem2"}, "method must be one of"),
+    ("shuffled_checkin", {"noise_mode": "central"}, "noise_mode must be one of"),
+    ("shuffled_checkin", {"grad_sample_mode": "ghost"}, "grad_sample_mode must be one of"),
+    ("shuffled_checkin", {"data_loader": "fixed"}, "needs the checkin protocol"),
+    ("subsampled_shuffle", {"sample_size": N_CLIENTS + 1}, r"sample_size must be an integer"),
+    ("subsampled_shuffle", {"sample_size": N_CLIENTS}, r"use the shuffle accountant"),
+    ("subsampled_shuffle", {"sample_size": None}, "sample_size is required"),
+    ("subsampled_shuffle", {"sample_size": 8, "rate": 0.1}, "rate is not a parameter"),
+    ("shuffle", {"sample_size": 3}, "sample_size of the shuffle accountant must equal"),
+    ("shuffle", {"data_loader": "fixed"}, "needs the full protocol"),
+    ("prv", {}, "engine.accountant must be one of"),
+]
+
+
+@pytest.mark.parametrize(("name", "overrides", "message"), BAD)
+def test_bad_input_is_rejected_before_anything_changes(name, overrides, message):
+    engine = PrivacyEngine(accountant=name)
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    params_before = copy.deepcopy(net.state_dict())
+    opt_before = copy.deepcopy(opt.state_dict())
+    kwargs = {
+        "module": net,
+        "optimizer": opt,
+        "data_loader": loader(),
+        "noise_multiplier": 1.0,
+        "max_grad_norm": 1.0,
+        "rounds": 5,
+        "seed": 0,
+        **SETTINGS.get(name, ({}, {}))[0],
+        **overrides,
+    }
+    if kwargs["data_loader"] == "fixed":
+        kwargs["data_loader"] = fixed_loader(8)
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    with pytest.raises(ValueError, match=message):
+        shuffle_opacus.make_private(engine, **kwargs)
+    assert not has_grad_sample_hooks(net)
+    assert type(opt) is torch.optim.SGD and opt.state_dict() == opt_before
+    assert all(torch.equal(v, params_before[k]) for k, v in net.state_dict().items())
+    if hasattr(engine.accountant, "population"):
+        assert engine.accountant.population is None
+
+
+def test_wrong_sampler_for_subsampled_accountant():
+    engine = PrivacyEngine(accountant="subsampled_shuffle")
+    net = model()
+    bad = DataLoader(dataset(), batch_sampler=ShuffledCheckInSampler(N_CLIENTS, 0.1, 5, seed=0))
+    with pytest.raises(ValueError, match="needs the subsampled protocol"):
+        shuffle_opacus.make_private(
+            engine,
+            module=net,
+            optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+            data_loader=bad,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+        )
+    assert not has_grad_sample_hooks(net)
+
+
+def test_loader_sampler_is_used_and_must_agree_with_arguments():
+    engine = PrivacyEngine(accountant="subsampled_shuffle")
+    net = model()
+    data = fixed_loader(8)
+    with pytest.raises(ValueError, match="sample_size=9 contradicts"):
+        shuffle_opacus.make_private(
+            engine,
+            module=net,
+            optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+            data_loader=data,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            sample_size=9,
+        )
+    module, optimizer, private_data = shuffle_opacus.make_private(
+        engine,
+        module=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+        data_loader=data,
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
+    assert private_data.batch_sampler is data.batch_sampler
+    sizes, _ = train(module, optimizer, private_data)
+    assert sizes == [8] * 5
+    assert engine.accountant.history == [(1.0, 8 / N_CLIENTS, 5)]
+
+
+def test_report_count_mismatch_is_caught_at_the_step():
+    # A subsampled accountant fed rounds of another size (a user swapping loaders).
+    engine, module, optimizer, _ = private("subsampled_shuffle")
+    wrong = DataLoader(dataset(), batch_sampler=FixedSizeShuffledSampler(N_CLIENTS, 5, 2, seed=0))
+    x, y = next(iter(wrong))
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(module(x), y).backward()
+    with pytest.raises(ValueError, match="expects 16 reports per round; this round had 5"):
+        optimizer.step()
+    assert len(engine.accountant) == 0
+
+
+# --- calibration never overshoots ---------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(2, 100_000),
+    rate=st.floats(0.001, 1.0),
+    rounds=st.integers(1, 2000),
+    target=st.floats(0.05, 8.0),
+    log_delta=st.floats(-9, -3),
+)
+def test_calibration_never_overshoots(n, rate, rounds, target, log_delta):
+    delta = 10.0**log_delta
+    try:
+        sigma = shuffle_opacus.calibrate_noise_multiplier(
+            target_epsilon=target,
+            delta=delta,
+            population=n,
+            rounds=rounds,
+            rate=rate,
+            max_noise_multiplier=1e3,
+        )
+    except ValueError as err:
+        assert "not reached" in str(err)
+        return
+    eps = history_epsilon(
+        [(sigma, rate, rounds)], protocol="checkin", delta=delta, population=n
+    ).epsilon
+    assert eps <= target
