@@ -1,8 +1,9 @@
 """The ``shuffle-opacus`` command.
 
-``shuffle-opacus account MECHANISM [options]`` prints epsilon for one or more step counts. It
-imports only the maths layer, never torch, so it starts quickly. Errors are reported on one
-line (``shuffle-opacus: error: ...``) with exit status 2.
+``shuffle-opacus account MECHANISM [options]`` prints epsilon for one or more step counts;
+``shuffle-opacus calibrate PROTOCOL [options]`` prints the local noise multiplier that meets a
+target (epsilon, delta). Both import only the maths layer, never torch, so they start quickly.
+Errors are reported on one line (``shuffle-opacus: error: ...``) with exit status 2.
 """
 
 from __future__ import annotations
@@ -18,6 +19,14 @@ from typing import TypeVar
 from .analysis._validation import check_delta, check_positive, check_probability
 from .analysis.accounting import MECHANISMS, METHODS, AccountingResult, compute_epsilon
 from .analysis.conversion import OrderCapWarning
+from .protocols import (
+    DEFAULT_METHODS,
+    PROTOCOLS,
+    calibrate_noise_multiplier,
+    history_epsilon,
+    protocol_sample_rate,
+    resolve_sensitivity,
+)
 
 __all__ = ["main", "build_parser"]
 
@@ -122,7 +131,110 @@ def build_parser() -> argparse.ArgumentParser:
         help="cap on the Rényi order (default: grow until the optimum is interior)",
     )
     acc.add_argument("--json", action="store_true", help="one JSON object per line")
+    _add_calibrate(sub)
     return parser
+
+
+def _sensitivity_arg(text: str) -> float:
+    try:
+        return resolve_sensitivity(text if text in ("replace-one", "paper") else float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--sensitivity must be replace-one, paper or a number > 0. Found {text!r}."
+        ) from None
+
+
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
+    cal = sub.add_parser(
+        "calibrate",
+        help="local noise multiplier meeting a target (epsilon, delta) after some rounds",
+        description=(
+            "Smallest local noise multiplier (each client's noise std divided by the clipping "
+            "norm) whose epsilon after --rounds rounds is at most --epsilon. Protocols: checkin "
+            "(--rate), subsampled (--m), full (all --n clients every round)."
+        ),
+    )
+    cal.add_argument("protocol", choices=PROTOCOLS, help="client-sampling protocol")
+    cal.add_argument("--n", type=_int_arg("--n"), required=True, help="number of clients")
+    cal.add_argument("--rate", type=_float_arg("--rate", check_probability), help="check-in rate")
+    cal.add_argument("--m", type=_int_arg("--m"), help="clients per round (subsampled)")
+    cal.add_argument("--rounds", type=_int_arg("--rounds"), required=True, help="rounds >= 1")
+    cal.add_argument(
+        "--epsilon",
+        type=_float_arg("--epsilon", check_positive),
+        required=True,
+        help="target epsilon > 0",
+    )
+    cal.add_argument(
+        "--delta",
+        type=_float_arg("--delta", lambda label, v: check_delta(v, label)),
+        default=1e-5,
+        help="target delta in (0, 1) (default 1e-5)",
+    )
+    cal.add_argument(
+        "--sensitivity",
+        type=_sensitivity_arg,
+        default=2.0,
+        help="in units of the clipping norm: replace-one (2, default), paper (1) or a number",
+    )
+    methods = sorted({m for ms in DEFAULT_METHODS.values() for m in ms})
+    cal.add_argument("--method", choices=methods, help="core method (default: the tightest)")
+    cal.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    needs = {"checkin": "--rate", "subsampled": "--m", "full": None}[args.protocol]
+    for flag, value in (("--rate", args.rate), ("--m", args.m)):
+        if flag == needs and value is None:
+            raise CliError(f"{flag} is required for the {args.protocol} protocol")
+        if flag != needs and value is not None:
+            raise CliError(f"{flag} is not an option of the {args.protocol} protocol")
+    if args.m is not None and args.m > args.n:
+        raise CliError(f"--m must be an integer in [1, {args.n}]. Found {args.m}.")
+    rate = protocol_sample_rate(
+        args.protocol, population=args.n, rate=args.rate, sample_size=args.m
+    )
+    setting = {
+        "population": args.n,
+        "sensitivity": args.sensitivity,
+        "method": args.method,
+    }
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=args.epsilon,
+        delta=args.delta,
+        rounds=args.rounds,
+        protocol=args.protocol,
+        rate=args.rate,
+        sample_size=args.m,
+        **setting,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OrderCapWarning)
+        res = history_epsilon(
+            [(sigma, rate, args.rounds)], protocol=args.protocol, delta=args.delta, **setting
+        )
+    row = {
+        "protocol": args.protocol,
+        "n": args.n,
+        "rate": rate,
+        "rounds": args.rounds,
+        "sensitivity": args.sensitivity,
+        "delta": args.delta,
+        "target_epsilon": args.epsilon,
+        "noise_multiplier": sigma,
+        "epsilon": res.epsilon,
+        "order": res.order,
+    }
+    if args.json:
+        print(json.dumps(row))
+    else:
+        print(f"noise_multiplier  {sigma:.6g}  (local sigma: each client's noise std / C)")
+        print(f"epsilon           {res.epsilon:.6f} <= {args.epsilon:g} at delta={args.delta:g}")
+        print(
+            f"setting           {args.protocol}, n={args.n}, rate={rate:g}, "
+            f"rounds={args.rounds}, sensitivity={args.sensitivity:g} C"
+        )
+    return 0
 
 
 def _fmt(value: object) -> str:
@@ -218,6 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command == "account":
             return _account(args)
+        if args.command == "calibrate":
+            return _calibrate(args)
     except (CliError, ValueError) as exc:
         message = _one_line(str(exc))
         print(f"{PROG}: error: {message}", file=sys.stderr)

@@ -179,3 +179,90 @@ def test_module_entry_point_exit_status():
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "shuffle-opacus: error: --n must be an integer >= 1. Found '-3'."
+
+
+def test_calibrate_meets_the_target_and_matches_the_library(capsys):
+    from shuffle_opacus.protocols import calibrate_noise_multiplier, history_epsilon
+
+    code, out, err = run(
+        capsys,
+        "calibrate",
+        "checkin",
+        "--n",
+        "60000",
+        "--rate",
+        "0.1",
+        "--rounds",
+        "5540",
+        "--epsilon",
+        "1",
+        "--sensitivity",
+        "paper",
+        "--json",
+    )
+    assert code == 0, err
+    row = json.loads(out)
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=1.0,
+        delta=1e-5,
+        population=60000,
+        rounds=5540,
+        rate=0.1,
+        sensitivity="paper",
+    )
+    assert row["noise_multiplier"] == sigma
+    assert row["epsilon"] <= 1.0
+    eps = history_epsilon(
+        [(sigma, 0.1, 5540)], protocol="checkin", delta=1e-5, population=60000, sensitivity=1.0
+    )
+    assert row["epsilon"] == eps.epsilon
+    # Replace-one adjacency halves the analysis sigma, so it needs twice the noise multiplier.
+    code, out, _ = run(
+        capsys, "calibrate", "checkin", "--n", "60000", "--rate", "0.1", "--rounds", "5540",
+        "--epsilon", "1", "--json",
+    )  # fmt: skip
+    assert json.loads(out)["noise_multiplier"] == pytest.approx(2 * sigma, rel=2e-3)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["checkin", "--n", "100", "--rounds", "5", "--epsilon", "1"], "--rate is required"),
+        (
+            [
+                "checkin",
+                "--n",
+                "100",
+                "--rate",
+                "0.1",
+                "--m",
+                "3",
+                "--rounds",
+                "5",
+                "--epsilon",
+                "1",
+            ],
+            "--m is not an option",
+        ),
+        (["subsampled", "--n", "100", "--rounds", "5", "--epsilon", "1"], "--m is required"),
+        (
+            ["subsampled", "--n", "10", "--m", "11", "--rounds", "5", "--epsilon", "1"],
+            "--m must be an integer in [1, 10]",
+        ),
+        (["full", "--n", "100", "--rounds", "0", "--epsilon", "1"], "--rounds must be an integer"),
+        (["full", "--n", "100", "--rounds", "5", "--epsilon", "-1"], "--epsilon must be"),
+        (
+            ["full", "--n", "100", "--rounds", "5", "--epsilon", "1", "--sensitivity", "x"],
+            "--sensitivity must be replace-one, paper or a number > 0",
+        ),
+        (
+            ["full", "--n", "2", "--rounds", "5", "--epsilon", "1e-6"],
+            "is not reached with noise_multiplier",
+        ),
+    ],
+)
+def test_calibrate_errors_are_one_line(capsys, args, fragment):
+    code, out, err = run(capsys, "calibrate", *args)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], err
