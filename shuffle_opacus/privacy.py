@@ -24,6 +24,7 @@ module, the optimizer and the accountant are as they were.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -175,6 +176,7 @@ def _plan(
     start_round: int,
     sensitivity: float | str,
     method: str | None,
+    grad_sample_mode: str,
 ) -> _Plan:
     accountant = _shuffle_accountant(engine)
     protocol = accountant.protocol()
@@ -192,6 +194,16 @@ def _plan(
     )
     sens = resolve_sensitivity(sensitivity)
     method = check_method(protocol, method)
+    if grad_sample_mode == "ew" and isinstance(sampler, ShuffledCheckInSampler):
+        # Expanded weights cannot run a forward pass on an empty batch.
+        remaining = sampler.rounds - sampler.start_round
+        p_empty = -math.expm1(remaining * math.log1p(-math.exp(n * math.log1p(-sampler.rate))))
+        if sampler.rate < 1.0 and p_empty > 1e-9:
+            raise ValueError(
+                f"grad_sample_mode='ew' cannot process an empty round, and with n={n}, "
+                f"rate={sampler.rate} an empty round occurs with probability {p_empty:.2g} over "
+                f"{remaining} rounds; use grad_sample_mode 'hooks' or 'functorch'."
+            )
     # Dry run on a fresh accountant, then the conflict check against the real one.
     sample = sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None
     type(accountant)().configure(population=n, sensitivity=sens, method=method, sample_size=sample)
@@ -360,6 +372,7 @@ def make_private(
         start_round=start_round,
         sensitivity=sensitivity,
         method=method,
+        grad_sample_mode=grad_sample_mode,
     )
     return _apply(
         engine,
@@ -505,6 +518,7 @@ def make_private_with_epsilon(
         start_round=start_round,
         sensitivity=sensitivity,
         method=method,
+        grad_sample_mode=grad_sample_mode,
     )
     if len(plan.accountant) > 0:
         warnings.warn(

@@ -329,3 +329,46 @@ def test_calibration_never_overshoots(n, rate, rounds, target, log_delta):
         [(sigma, rate, rounds)], protocol="checkin", delta=delta, population=n
     ).epsilon
     assert eps <= target
+
+
+# --- per-sample gradient modes ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["hooks", "functorch"])
+def test_grad_sample_modes_survive_empty_rounds(mode):
+    engine, module, optimizer, data = private(
+        "shuffled_checkin", rate=0.02, rounds=40, grad_sample_mode=mode
+    )
+    sizes, _ = train(module, optimizer, data)
+    assert 0 in sizes and len(engine.accountant) == 40
+    assert all(torch.isfinite(p).all() for p in module.parameters())
+
+
+def test_expanded_weights_mode_for_fixed_size_rounds():
+    engine, module, optimizer, data = private("subsampled_shuffle", grad_sample_mode="ew")
+    sizes, eps = train(module, optimizer, data, engine)
+    assert sizes == [16] * ROUNDS
+    core = compute_epsilon("subsampled", n=N_CLIENTS, m=16, sigma=1.0, steps=ROUNDS, delta=1e-5)
+    assert eps[-1] == pytest.approx(core.epsilon, rel=1e-12)
+
+
+def test_expanded_weights_mode_is_refused_when_empty_rounds_are_likely():
+    engine = PrivacyEngine(accountant="shuffled_checkin")
+    net = model()
+    with pytest.raises(ValueError, match="grad_sample_mode='ew' cannot process an empty round"):
+        shuffle_opacus.make_private(
+            engine,
+            module=net,
+            optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+            data_loader=loader(),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            rate=0.02,
+            rounds=40,
+            grad_sample_mode="ew",
+        )
+    assert not has_grad_sample_hooks(net)
+    # With n * rate large an empty round is out of reach and the mode is allowed.
+    _, module, optimizer, data = private("shuffled_checkin", rate=0.9, grad_sample_mode="ew")
+    sizes, _ = train(module, optimizer, data)
+    assert min(sizes) > 0

@@ -1,5 +1,6 @@
 """Repository-level checks: lint, and that the README's commands stay true."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -43,8 +44,23 @@ def test_readme_main_job_command_runs():
     assert proc.stdout.strip() == quoted.group(1).strip()
 
 
-@pytest.mark.parametrize("snippet_id", ["python-api"])
-def test_readme_python_snippets_run(snippet_id):
+@pytest.mark.parametrize("snippet_id", ["python-api", "opacus-loop"])
+def test_readme_python_snippets_run(snippet_id, capsys):
     match = re.search(rf"<!-- {snippet_id} -->\n```python\n(.+?)\n```", README, re.S)
     assert match, f"README snippet {snippet_id} missing"
     exec(compile(match.group(1), f"README:{snippet_id}", "exec"), {})
+    quoted = re.search(rf"<!-- {snippet_id}-output -->\n```text\n(.+?)\n```", README, re.S)
+    if quoted:
+        assert capsys.readouterr().out.strip() == quoted.group(1).strip()
+
+
+def test_readme_calibrate_example_is_true(capsys):
+    from shuffle_opacus.cli import main
+
+    match = re.search(r"`(shuffle-opacus calibrate [^`]+)`\s+gives (\S+) \(ε = ([0-9.]+)\)", README)
+    assert match, "README must quote a calibrate example"
+    args = match.group(1).replace("\n", " ").split()[1:]
+    assert main([*args, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert f"{row['noise_multiplier']:.6g}" == match.group(2)
+    assert f"{row['epsilon']:.6f}" == match.group(3)
