@@ -34,6 +34,7 @@ value (Theorem 1's pair), the forward Rényi divergence; see ``docs/maths.md``.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -186,6 +187,22 @@ def protocol_sample_rate(
     return 1.0
 
 
+@functools.lru_cache(maxsize=128)
+def _cached_step_rdp(
+    mechanism: str, population: int, sigma: float, rate: float | None, m: int | None,
+    method: str, max_order: int,
+) -> np.ndarray:  # fmt: skip
+    """Per-round RDP at orders ``2..max_order`` (read-only; cached across ``get_epsilon`` calls)."""
+    kwargs: dict[str, object] = {"sigma": sigma, "n": population, "method": method}
+    if rate is not None:
+        kwargs["rate"] = rate
+    if m is not None:
+        kwargs["m"] = m
+    out = np.asarray(per_step_rdp(mechanism, **kwargs)(np.arange(2, max_order + 1)), dtype=float)
+    out.setflags(write=False)
+    return out
+
+
 def _entry_rdp(
     protocol: str,
     entry: HistoryEntry,
@@ -197,27 +214,36 @@ def _entry_rdp(
     noise_multiplier, sample_rate, steps = entry
     sigma = check_positive("noise_multiplier", noise_multiplier) / sensitivity
     mechanism = _CORE_MECHANISM[protocol]
+    rate: float | None = None
+    m: int | None = None
     if protocol == "full":
         if sample_rate != 1.0:
             raise ValueError(
                 f"sample_rate of the full protocol (shuffle accountant) must be 1. "
                 f"Found {sample_rate!r}."
             )
-        step = per_step_rdp(mechanism, sigma=sigma, n=population, method=method)
     elif protocol == "subsampled":
-        rate = check_probability("sample_rate", sample_rate)
-        m = round(rate * population)
-        if m < 1 or abs(m - rate * population) > 1e-6 * max(1.0, rate * population):
+        q = check_probability("sample_rate", sample_rate)
+        m = round(q * population)
+        if m < 1 or abs(m - q * population) > 1e-6 * max(1.0, q * population):
             raise ValueError(
                 f"sample_rate of the subsampled protocol must be m / population for an integer "
                 f"m in [1, {population}]. Found {sample_rate!r}."
             )
-        step = per_step_rdp(mechanism, sigma=sigma, n=population, m=m, method=method)
     else:
         rate = check_probability("sample_rate", sample_rate)
-        step = per_step_rdp(mechanism, sigma=sigma, n=population, rate=rate, method=method)
+    # Validate the whole setting now rather than inside the order search.
+    per_step_rdp(mechanism, sigma=sigma, n=population, m=m, rate=rate, method=method)
     steps = check_int("steps", steps, minimum=0)
-    return lambda orders: steps * step(orders)
+
+    def total(orders: np.ndarray) -> np.ndarray:
+        orders = np.asarray(orders, dtype=np.int64)
+        table = _cached_step_rdp(
+            mechanism, population, sigma, rate, m, method, max(2, int(orders.max()))
+        )
+        return steps * table[orders - 2]
+
+    return total
 
 
 @dataclass(frozen=True)
