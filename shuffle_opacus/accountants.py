@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 from opacus.accountants import IAccountant, register_accountant
 from opacus.accountants import registry as _opacus_registry
 
-from .analysis._validation import check_int, check_positive
+from .analysis._validation import check_int, check_positive, check_probability
 from .analysis.conversion import EpsilonResult
 from .protocols import (
     ACCOUNTANT_PROTOCOL,
@@ -179,10 +179,8 @@ class ShuffleAccountantBase(IAccountant):
 
     def _check_step(self, noise_multiplier: float, sample_rate: float) -> tuple[float, float]:
         nm = check_positive("noise_multiplier", noise_multiplier)
+        rate = check_probability("sample_rate", sample_rate)
         if self.protocol() == "checkin":
-            rate = float(sample_rate)
-            if not (0.0 < rate <= 1.0) or math.isnan(rate):
-                raise ValueError(f"sample_rate must be in (0, 1]. Found {sample_rate!r}.")
             return nm, rate
         if self.population is not None:
             expected = self.expected_sample_rate()
@@ -192,11 +190,11 @@ class ShuffleAccountantBase(IAccountant):
                     f"(its configured sampling). Found {sample_rate!r}."
                 )
             return nm, expected
-        if self.protocol() == "full" and float(sample_rate) != 1.0:
+        if self.protocol() == "full" and rate != 1.0:
             raise ValueError(
                 f"sample_rate of the shuffle accountant must be 1. Found {sample_rate!r}."
             )
-        return nm, float(sample_rate)
+        return nm, rate
 
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
         """Record one round.

@@ -208,11 +208,12 @@ def _plan(
     sample = sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None
     type(accountant)().configure(population=n, sensitivity=sens, method=method, sample_size=sample)
     if accountant.history and accountant.population is not None:
-        if (accountant.population, accountant.sensitivity) != (n, sens):
+        held = (accountant.population, accountant.sensitivity, accountant.sample_size)
+        if held != (n, sens, sample):
             raise ValueError(
-                f"engine.accountant already holds {len(accountant)} rounds for "
-                f"population={accountant.population}, sensitivity={accountant.sensitivity}; got "
-                f"population={n}, sensitivity={sens}. Use a new PrivacyEngine."
+                f"engine.accountant already holds {len(accountant)} rounds for (population, "
+                f"sensitivity, sample_size) = {held}; got {(n, sens, sample)}. Use a new "
+                f"PrivacyEngine."
             )
     return _Plan(accountant, sampler, n, sens, method)
 

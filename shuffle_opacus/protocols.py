@@ -305,7 +305,7 @@ def history_epsilon(
             method=setting.method,
         )
         for entry in history
-        if int(entry[2]) > 0
+        if check_int("steps", entry[2], minimum=0) > 0
     ]
     if not parts:
         return EpsilonResult(epsilon=0.0, delta=delta, order=0, max_order=0, at_cap=False)

@@ -201,3 +201,16 @@ def test_unexpected_keyword_arguments_are_rejected():
     acc.history = [(2.0, 0.05, 3)]
     with pytest.raises(ValueError, match="unexpected arguments"):
         acc.get_epsilon(1e-5, population=5)
+
+
+def test_negative_steps_in_a_history_are_rejected():
+    acc = configured("shuffled_checkin")
+    acc.history = [(2.0, 0.05, 10), (2.0, 0.05, -3)]
+    with pytest.raises(ValueError, match="steps must be an integer >= 0"):
+        acc.get_epsilon(1e-5)
+
+
+def test_unconfigured_step_still_checks_the_rate():
+    acc = create_accountant("subsampled_shuffle")
+    with pytest.raises(ValueError, match=r"sample_rate must be in \(0, 1\]"):
+        acc.step(noise_multiplier=1.0, sample_rate=2.0)

@@ -372,3 +372,22 @@ def test_expanded_weights_mode_is_refused_when_empty_rounds_are_likely():
     _, module, optimizer, data = private("shuffled_checkin", rate=0.9, grad_sample_mode="ew")
     sizes, _ = train(module, optimizer, data)
     assert min(sizes) > 0
+
+
+def test_an_engine_with_rounds_for_another_population_is_refused():
+    engine, module, optimizer, data = private("shuffled_checkin")
+    train(module, optimizer, data)
+    net = model()
+    with pytest.raises(ValueError, match="already holds 10 rounds"):
+        shuffle_opacus.make_private(
+            engine,
+            module=net,
+            optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+            data_loader=loader(n=32),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            rate=0.1,
+            rounds=3,
+        )
+    assert not has_grad_sample_hooks(net)
+    assert engine.accountant.population == N_CLIENTS and len(engine.accountant) == 10
