@@ -1,0 +1,1 @@
+"""Experiment runners: config, training loop, metrics, checkpoints and plots."""

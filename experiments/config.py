@@ -1,0 +1,311 @@
+"""The experiment's YAML config: schema, validation with one-line messages, ``--set`` overrides.
+
+A config is validated completely before any work starts. Every problem is reported as one line
+that names the field, e.g. ``training.rounds must be a positive integer, got -1``; unknown keys,
+wrong types and out-of-range values all fail this way (:class:`ConfigError`, a ``ValueError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from shuffle_opacus.protocols import resolve_sensitivity
+
+__all__ = ["ACCOUNTANT_CURVES", "ConfigError", "ExperimentConfig", "load_config", "apply_overrides"]
+
+#: Curves the experiment can report, one epsilon per round each.
+ACCOUNTANT_CURVES: tuple[str, ...] = ("exact", "sum", "theorem3", "no-shuffle", "central")
+
+
+class ConfigError(ValueError):
+    """An invalid config; the message is one line naming the field."""
+
+
+class _Section(BaseModel):
+    # Strict: no bool-as-int, no "5"-as-int. Floats may still be written as ints, and as
+    # strings such as "1e-5" because PyYAML reads exponent notation without a dot as a string.
+    model_config = ConfigDict(extra="forbid", validate_default=True, strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numeric_strings(cls, value: Any, info: Any) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation
+        if isinstance(value, str) and _accepts_float(annotation):
+            try:
+                return float(value)
+            except ValueError:
+                return value
+        return value
+
+
+def _accepts_float(annotation: Any) -> bool:
+    if annotation is float:
+        return True
+    return float in getattr(annotation, "__args__", ())
+
+
+class DataConfig(_Section):
+    """Where MNIST comes from and how many clients take part."""
+
+    source: Literal["auto", "torchvision", "idx", "pickle"] = "auto"
+    root: str | None = None
+    pickle_path: str | None = None
+    train_subset: int | None = Field(default=None, gt=0)
+    test_subset: int | None = Field(default=None, gt=0)
+
+
+class ModelConfig(_Section):
+    """The network trained by the clients."""
+
+    name: Literal["cnn", "mlp"] = "cnn"
+
+
+class ProtocolConfig(_Section):
+    """Which clients report each round."""
+
+    kind: Literal["checkin", "subsampled", "full"] = "checkin"
+    rate: float | None = Field(default=None, gt=0, le=1)
+    sample_size: int | None = Field(default=None, gt=0)
+
+
+class PrivacyConfig(_Section):
+    """Clipping, local noise and accounting."""
+
+    clipping_norm: float = Field(gt=0)
+    noise_multiplier: float = Field(gt=0)
+    sensitivity: float | Literal["replace-one", "paper"] = "replace-one"
+    delta: float = Field(default=1e-5, gt=0, lt=1)
+    accountants: list[Literal["exact", "sum", "theorem3", "no-shuffle", "central"]] = Field(
+        default_factory=lambda: ["exact", "theorem3", "no-shuffle", "central"], min_length=1
+    )
+    noise_mode: Literal["sum", "per_client"] = "sum"
+
+    @field_validator("sensitivity")
+    @classmethod
+    def _positive(cls, value: float | str) -> float | str:
+        resolve_sensitivity(value)
+        return value
+
+
+class OptimizerConfig(_Section):
+    """The server's optimizer."""
+
+    name: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(gt=0)
+    momentum: float = Field(default=0.0, ge=0, lt=1)
+
+
+class TrainingConfig(_Section):
+    """Rounds, evaluation and checkpoints."""
+
+    rounds: int = Field(gt=0)
+    eval_every: int = Field(default=100, gt=0)
+    checkpoint_every: int = Field(default=500, gt=0)
+    grad_sample_mode: Literal["hooks", "functorch", "ew"] = "hooks"
+    threads: int = Field(default=2, gt=0)
+
+
+class ExperimentConfig(_Section):
+    """The whole experiment."""
+
+    name: str = Field(min_length=1)
+    seed: int = Field(default=0, ge=0)
+    output_dir: str = Field(min_length=1)
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    protocol: ProtocolConfig
+    privacy: PrivacyConfig
+    optimizer: OptimizerConfig
+    training: TrainingConfig
+
+    def check_consistency(self) -> None:
+        """Cross-field checks that a per-field schema cannot express.
+
+        Raises:
+            ConfigError: naming the offending field.
+        """
+        p = self.protocol
+        if p.kind == "checkin" and p.rate is None:
+            raise ConfigError("protocol.rate is required for protocol.kind checkin, got null")
+        if p.kind != "checkin" and p.rate is not None:
+            raise ConfigError(f"protocol.rate applies to checkin only, got {p.rate!r}")
+        if p.kind == "subsampled" and p.sample_size is None:
+            raise ConfigError(
+                "protocol.sample_size is required for protocol.kind subsampled, got null"
+            )
+        if p.kind != "subsampled" and p.sample_size is not None:
+            raise ConfigError(
+                f"protocol.sample_size applies to subsampled only, got {p.sample_size!r}"
+            )
+        clients = self.data.train_subset or 60000
+        if p.sample_size is not None and p.sample_size >= clients:
+            raise ConfigError(
+                f"protocol.sample_size must be < the number of clients ({clients}), got "
+                f"{p.sample_size}"
+            )
+        if self.data.source in ("torchvision", "idx") and self.data.root is None:
+            raise ConfigError(f"data.root is required for data.source {self.data.source}, got null")
+        if len(set(self.privacy.accountants)) != len(self.privacy.accountants):
+            raise ConfigError(
+                f"privacy.accountants must not repeat a name, got {self.privacy.accountants}"
+            )
+        if p.kind != "checkin" and {"sum", "theorem3"} & set(self.privacy.accountants):
+            raise ConfigError(
+                "privacy.accountants sum and theorem3 are check-in methods; protocol.kind is "
+                f"{p.kind}"
+            )
+
+
+def _annotation(loc: Sequence[Any]) -> Any:
+    model: Any = ExperimentConfig
+    annotation: Any = None
+    for item in loc:
+        fields = getattr(model, "model_fields", None)
+        if not isinstance(item, str) or fields is None or item not in fields:
+            break
+        annotation = fields[item].annotation
+        model = annotation
+    return annotation
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    if kind == "greater_than":
+        annotation = _annotation(error["loc"])
+        is_int = annotation is int or int in getattr(annotation, "__args__", ())
+        if ctx.get("gt") == 0 and is_int:
+            return "must be a positive integer"
+        return f"must be > {ctx.get('gt')}"
+    if kind == "greater_than_equal":
+        return f"must be >= {ctx.get('ge')}"
+    if kind == "less_than":
+        return f"must be < {ctx.get('lt')}"
+    if kind == "less_than_equal":
+        return f"must be <= {ctx.get('le')}"
+    if kind in ("int_parsing", "int_type", "int_from_float", "bool_type"):
+        return "must be an integer"
+    if kind in ("float_parsing", "float_type", "finite_number"):
+        return "must be a number"
+    if kind in ("string_type",):
+        return "must be a string"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}"
+    if kind == "extra_forbidden":
+        return "is not a known key"
+    if kind == "missing":
+        return "is required"
+    if kind in ("model_type", "dict_type"):
+        return "must be a mapping of keys to values"
+    if kind in ("list_type",):
+        return "must be a list"
+    if kind in ("too_short", "string_too_short"):
+        return "must not be empty"
+    if kind == "value_error":
+        return str(ctx.get("error", error["msg"])).rstrip(".")
+    return str(error["msg"])
+
+
+def _field_name(loc: Sequence[Any]) -> str:
+    # Drop the union-branch tags pydantic inserts (e.g. 'float', "literal['a','b']").
+    parts = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif isinstance(item, str) and not (item in ("float", "int", "str") or "[" in item):
+            parts.append(("." if parts else "") + item)
+    return "".join(parts) or "config"
+
+
+def _one_line(exc: ValidationError) -> str:
+    errors = exc.errors()
+    # For a union (sensitivity: number or name), report one message rather than each branch.
+    first = errors[0]
+    field = _field_name(first["loc"])
+    if field.endswith("sensitivity"):
+        return f"{field} must be replace-one, paper or a number > 0, got {first.get('input')!r}"
+    return f"{field} {_describe(first)}, got {first.get('input')!r}"
+
+
+def validate(raw: Any) -> ExperimentConfig:
+    """Validate a parsed YAML document.
+
+    Args:
+        raw: The document (a mapping).
+
+    Returns:
+        The validated :class:`ExperimentConfig`.
+
+    Raises:
+        ConfigError: on the first problem, as one line naming the field.
+    """
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config must be a mapping of sections, got {type(raw).__name__}")
+    try:
+        config = ExperimentConfig.model_validate(dict(raw))
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc)) from None
+    config.check_consistency()
+    return config
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a copy of ``raw``.
+
+    Args:
+        raw: The parsed config.
+        overrides: Strings ``dotted.key=value``.
+
+    Returns:
+        The updated copy.
+
+    Raises:
+        ConfigError: for an override without ``=`` or whose path crosses a non-mapping.
+    """
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config must be a mapping of sections, got {type(raw).__name__}")
+    out: dict[str, Any] = yaml.safe_load(yaml.safe_dump(dict(raw)))
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        path = key.strip().split(".")
+        node: Any = out
+        for part in path[:-1]:
+            if part not in node or node[part] is None:
+                node[part] = {}
+            node = node[part]
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {part} is not a section, got {item!r}")
+        node[path[-1]] = yaml.safe_load(text)
+    return out
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Read, override and validate a YAML config.
+
+    Args:
+        path: The YAML file.
+        overrides: ``--set`` strings applied before validation.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ConfigError: if the file is missing, is not YAML, or is invalid.
+    """
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}") from None
+    return validate(apply_overrides(raw or {}, overrides))
