@@ -172,7 +172,7 @@ def test_paper_pair_dominates_other_placements(others, sigma):
 
 
 def test_automatic_orders_beat_table1_goal():
-    # Goal from the issue: <= 0.003 for each of 1..7 compositions with automatic orders.
+    # Project goal: <= 0.003 for each of 1..7 compositions with automatic orders.
     for c in range(1, 8):
         res = compute_epsilon("shuffle", n=60000, sigma=9.48, steps=c, delta=1 / 60000)
         assert not res.at_cap
