@@ -92,6 +92,45 @@ class ShuffleAccountantBase(IAccountant):
         """Return the client-sampling protocol (``full``, ``subsampled`` or ``checkin``)."""
         return ACCOUNTANT_PROTOCOL[cls.name]
 
+    def check_configuration(
+        self,
+        *,
+        population: int,
+        sensitivity: float | str = "replace-one",
+        method: str | None = None,
+        sample_size: int | None = None,
+    ) -> tuple[int, float, str, int | None]:
+        """Validate a configuration without applying it (see :meth:`configure`).
+
+        Returns:
+            The normalised ``(population, sensitivity, method, sample_size)``.
+
+        Raises:
+            ValueError: as :meth:`configure`.
+        """
+        population = check_int("population", population, minimum=1)
+        sens = resolve_sensitivity(sensitivity)
+        protocol = self.protocol()
+        method = check_method(protocol, method)
+        if protocol == "checkin":
+            if sample_size is not None:
+                raise ValueError(
+                    f"sample_size is not a parameter of the {self.name} accountant (each client "
+                    f"checks in independently). Found {sample_size!r}."
+                )
+        else:
+            protocol_sample_rate(protocol, population=population, sample_size=sample_size)
+            sample_size = int(sample_size) if protocol == "subsampled" else None  # type: ignore[arg-type]
+        if self.history and self.population is not None:
+            held = (self.population, self.sensitivity, self.sample_size)
+            if held != (population, sens, sample_size):
+                raise ValueError(
+                    f"the {self.name} accountant already holds {len(self)} rounds accounted with "
+                    f"(population, sensitivity, sample_size) = {held}; got "
+                    f"{(population, sens, sample_size)}. Use a new PrivacyEngine to change them."
+                )
+        return population, sens, method, sample_size
+
     def configure(
         self,
         *,
@@ -115,39 +154,14 @@ class ShuffleAccountantBase(IAccountant):
 
         Raises:
             ValueError: on an invalid or inconsistent value, or when the history already
-                holds steps that contradict the new setting (nothing is changed then).
+                holds rounds that contradict the new setting (nothing is changed then).
         """
-        population = check_int("population", population, minimum=1)
-        sens = resolve_sensitivity(sensitivity)
-        method = check_method(self.protocol(), method)
-        protocol = self.protocol()
-        if protocol == "subsampled":
-            protocol_sample_rate(protocol, population=population, sample_size=sample_size)
-            sample_size = int(sample_size)  # type: ignore[arg-type]
-        elif protocol == "full":
-            protocol_sample_rate(protocol, population=population, sample_size=sample_size)
-            sample_size = None
-        elif sample_size is not None:
-            raise ValueError(
-                f"sample_size is not a parameter of the {self.name} accountant (each client "
-                f"checks in independently). Found {sample_size!r}."
-            )
-        if self.history and self.population is not None:
-            same = (population, sens, sample_size) == (
-                self.population,
-                self.sensitivity,
-                self.sample_size,
-            )
-            if not same:
-                raise ValueError(
-                    f"the {self.name} accountant already holds {len(self)} steps accounted with "
-                    f"population={self.population}, sensitivity={self.sensitivity}, "
-                    f"sample_size={self.sample_size}; create a new PrivacyEngine to change them."
-                )
-        self.population = population
-        self.sensitivity = sens
-        self.method = method
-        self.sample_size = sample_size
+        self.population, self.sensitivity, self.method, self.sample_size = self.check_configuration(
+            population=population,
+            sensitivity=sensitivity,
+            method=method,
+            sample_size=sample_size,
+        )
         return self
 
     @property

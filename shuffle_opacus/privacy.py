@@ -38,9 +38,14 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 from .accountants import ACCOUNTANTS, ShuffleAccountantBase
-from .analysis._validation import check_int, check_positive, check_probability
+from .analysis._validation import check_positive
 from .noise import NOISE_MODES, LocalNoiseDPOptimizer
-from .protocols import calibrate_noise_multiplier, check_method, resolve_sensitivity
+from .protocols import (
+    calibrate_noise_multiplier,
+    check_method,
+    protocol_sample_rate,
+    resolve_sensitivity,
+)
 from .sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler, ShuffleRoundSampler
 
 __all__ = ["make_private", "make_private_with_epsilon"]
@@ -130,38 +135,21 @@ def _sampler(
         return existing
     if rounds is None:
         raise ValueError("rounds is required (an integer >= 1): the number of training rounds.")
-    if protocol == "checkin":
-        if sample_size is not None:
-            raise ValueError(
-                f"sample_size is not a parameter of the {name} accountant (each client checks "
-                f"in with probability rate). Found {sample_size!r}."
-            )
-        if rate is None:
-            raise ValueError(f"rate is required for the {name} accountant; it must be in (0, 1].")
-        check_probability("rate", rate)
-        return ShuffledCheckInSampler(n, rate, rounds, seed, start_round=start_round)
-    if rate is not None:
+    # Messages that name the accountant to use instead; the rest is the protocol's own check.
+    if protocol == "full" and sample_size is not None and sample_size != n:
         raise ValueError(
-            f"rate is not a parameter of the {name} accountant (use sample_size). Found {rate!r}."
+            f"sample_size of the shuffle accountant must equal the dataset size ({n}); use "
+            f"subsampled_shuffle for fewer clients per round. Found {sample_size!r}."
         )
-    if protocol == "full":
-        if sample_size is not None and sample_size != n:
-            raise ValueError(
-                f"sample_size of the shuffle accountant must equal the dataset size ({n}); use "
-                f"subsampled_shuffle for fewer clients per round. Found {sample_size!r}."
-            )
-        return FixedSizeShuffledSampler(n, n, rounds, seed, start_round=start_round)
-    if sample_size is None:
-        raise ValueError(
-            f"sample_size is required for the {name} accountant; it must be an integer in "
-            f"[1, {n - 1}] (use the shuffle accountant for all {n} clients)."
-        )
-    m = check_int("sample_size", sample_size, minimum=1, maximum=n)
-    if m == n:
+    if protocol == "subsampled" and sample_size == n:
         raise ValueError(
             f"sample_size must be an integer in [1, {n - 1}] for subsampled_shuffle; with all "
             f"{n} clients per round use the shuffle accountant. Found {sample_size!r}."
         )
+    protocol_sample_rate(protocol, population=n, rate=rate, sample_size=sample_size)
+    if protocol == "checkin":
+        return ShuffledCheckInSampler(n, rate, rounds, seed, start_round=start_round)  # type: ignore[arg-type]
+    m = n if protocol == "full" else int(sample_size)  # type: ignore[arg-type]
     return FixedSizeShuffledSampler(n, m, rounds, seed, start_round=start_round)
 
 
@@ -204,17 +192,10 @@ def _plan(
                 f"rate={sampler.rate} an empty round occurs with probability {p_empty:.2g} over "
                 f"{remaining} rounds; use grad_sample_mode 'hooks' or 'functorch'."
             )
-    # Dry run on a fresh accountant, then the conflict check against the real one.
     sample = sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None
-    type(accountant)().configure(population=n, sensitivity=sens, method=method, sample_size=sample)
-    if accountant.history and accountant.population is not None:
-        held = (accountant.population, accountant.sensitivity, accountant.sample_size)
-        if held != (n, sens, sample):
-            raise ValueError(
-                f"engine.accountant already holds {len(accountant)} rounds for (population, "
-                f"sensitivity, sample_size) = {held}; got {(n, sens, sample)}. Use a new "
-                f"PrivacyEngine."
-            )
+    accountant.check_configuration(
+        population=n, sensitivity=sens, method=method, sample_size=sample
+    )
     return _Plan(accountant, sampler, n, sens, method)
 
 
@@ -265,6 +246,50 @@ def _check_training_args(
             + "; ".join(str(e) for e in errors)
             + " (opacus.validators.ModuleValidator.fix can replace such layers)."
         )
+
+
+def _prepare(
+    engine: PrivacyEngine,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data_loader: DataLoader,
+    *,
+    max_grad_norm: float,
+    noise_mode: str,
+    loss_reduction: str,
+    grad_sample_mode: str,
+    noise_generator: torch.Generator | None,
+    rounds: int | None,
+    rate: float | None,
+    sample_size: int | None,
+    seed: int | None,
+    start_round: int,
+    sensitivity: float | str,
+    method: str | None,
+) -> _Plan:
+    """Run every check shared by the two public helpers; change nothing."""
+    _check_training_args(
+        engine,
+        module,
+        optimizer,
+        max_grad_norm=max_grad_norm,
+        noise_mode=noise_mode,
+        loss_reduction=loss_reduction,
+        grad_sample_mode=grad_sample_mode,
+        noise_generator=noise_generator,
+    )
+    return _plan(
+        engine,
+        data_loader,
+        rounds=rounds,
+        rate=rate,
+        sample_size=sample_size,
+        seed=seed,
+        start_round=start_round,
+        sensitivity=sensitivity,
+        method=method,
+        grad_sample_mode=grad_sample_mode,
+    )
 
 
 def _private_loader(data_loader: DataLoader, sampler: ShuffleRoundSampler) -> DataLoader:
@@ -353,19 +378,16 @@ def make_private(
         ValueError: on any invalid or inconsistent argument; nothing has been changed then.
     """
     check_positive("noise_multiplier", noise_multiplier)
-    _check_training_args(
+    plan = _prepare(
         engine,
         module,
         optimizer,
+        data_loader,
         max_grad_norm=max_grad_norm,
         noise_mode=noise_mode,
         loss_reduction=loss_reduction,
         grad_sample_mode=grad_sample_mode,
         noise_generator=noise_generator,
-    )
-    plan = _plan(
-        engine,
-        data_loader,
         rounds=rounds,
         rate=rate,
         sample_size=sample_size,
@@ -373,7 +395,6 @@ def make_private(
         start_round=start_round,
         sensitivity=sensitivity,
         method=method,
-        grad_sample_mode=grad_sample_mode,
     )
     return _apply(
         engine,
@@ -499,19 +520,16 @@ def make_private_with_epsilon(
     Raises:
         ValueError: on invalid arguments or an unreachable budget; nothing has been changed then.
     """
-    _check_training_args(
+    plan = _prepare(
         engine,
         module,
         optimizer,
+        data_loader,
         max_grad_norm=max_grad_norm,
         noise_mode=noise_mode,
         loss_reduction=loss_reduction,
         grad_sample_mode=grad_sample_mode,
         noise_generator=noise_generator,
-    )
-    plan = _plan(
-        engine,
-        data_loader,
         rounds=rounds,
         rate=rate,
         sample_size=sample_size,
@@ -519,7 +537,6 @@ def make_private_with_epsilon(
         start_round=start_round,
         sensitivity=sensitivity,
         method=method,
-        grad_sample_mode=grad_sample_mode,
     )
     if len(plan.accountant) > 0:
         warnings.warn(
