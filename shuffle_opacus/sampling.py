@@ -23,6 +23,7 @@ Within a batch the order is uniformly random, as the shuffler's output would be.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterator
 
 import numpy as np
@@ -39,7 +40,7 @@ def _check_seed(seed: int | None) -> int:
     return check_int("seed", seed, minimum=0)
 
 
-class ShuffleRoundSampler(Sampler[list[int]]):
+class ShuffleRoundSampler(Sampler[list[int]], abc.ABC):
     """Base class: ``rounds`` batches of client indices, round ``t`` derived from ``(seed, t)``.
 
     Attributes:
@@ -59,9 +60,9 @@ class ShuffleRoundSampler(Sampler[list[int]]):
         self.start_round = check_int("start_round", start_round, minimum=0, maximum=self.rounds)
 
     @property
+    @abc.abstractmethod
     def sample_rate(self) -> float:
         """Per-round inclusion probability of one client."""
-        raise NotImplementedError
 
     @property
     def expected_batch_size(self) -> float:
@@ -72,8 +73,9 @@ class ShuffleRoundSampler(Sampler[list[int]]):
         seq = np.random.SeedSequence(self.seed, spawn_key=(t,))
         return np.random.Generator(np.random.PCG64(seq))
 
+    @abc.abstractmethod
     def _draw(self, rng: np.random.Generator) -> np.ndarray:
-        raise NotImplementedError
+        """Return one round's client indices, shuffled, drawn from ``rng``."""
 
     def batch(self, t: int) -> list[int]:
         """Return the clients of round ``t`` (0-based), in shuffled order.
