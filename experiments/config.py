@@ -98,6 +98,7 @@ class OptimizerConfig(_Section):
     name: Literal["sgd", "adam"] = "sgd"
     lr: float = Field(gt=0)
     momentum: float = Field(default=0.0, ge=0, lt=1)
+    schedule: Literal["constant", "cosine"] = "constant"
 
 
 class TrainingConfig(_Section):
@@ -107,6 +108,7 @@ class TrainingConfig(_Section):
     eval_every: int = Field(default=100, gt=0)
     checkpoint_every: int = Field(default=500, gt=0)
     grad_sample_mode: Literal["hooks", "functorch", "ew"] = "hooks"
+    micro_batch: int | None = Field(default=200, gt=0)
     threads: int = Field(default=2, gt=0)
 
 

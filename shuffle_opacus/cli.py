@@ -3,7 +3,9 @@
 ``shuffle-opacus account MECHANISM [options]`` prints epsilon for one or more step counts;
 ``shuffle-opacus calibrate PROTOCOL [options]`` prints the local noise multiplier that meets a
 target (epsilon, delta). Both import only the maths layer, never torch, so they start quickly.
-Errors are reported on one line (``shuffle-opacus: error: ...``) with exit status 2.
+``shuffle-opacus train --config FILE`` runs the MNIST experiment of :mod:`experiments` and
+``shuffle-opacus plot RUN_DIR`` redraws its figures; those two import torch and matplotlib only
+when called. Errors are reported on one line (``shuffle-opacus: error: ...``) with exit status 2.
 """
 
 from __future__ import annotations
@@ -132,7 +134,64 @@ def build_parser() -> argparse.ArgumentParser:
     )
     acc.add_argument("--json", action="store_true", help="one JSON object per line")
     _add_calibrate(sub)
+    _add_experiment(sub)
     return parser
+
+
+def _add_experiment(sub: argparse._SubParsersAction) -> None:
+    train = sub.add_parser(
+        "train",
+        help="run the MNIST shuffle-model experiment from a YAML config",
+        description=(
+            "Train on MNIST with one image per client under the config's protocol, writing "
+            "config.yaml, metrics.csv, checkpoint.pt, summary.json and the plots into "
+            "OUTPUT_DIR/NAME/<timestamp> (OUTPUT_DIR/NAME/latest points at the newest run)."
+        ),
+    )
+    train.add_argument("--config", help="YAML config, e.g. configs/quick.yaml")
+    train.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set training.rounds=100 (repeatable)",
+    )
+    train.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue an interrupted run from its checkpoint"
+    )
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    plot = sub.add_parser(
+        "plot",
+        help="redraw a run's accuracy-vs-epsilon and epsilon-vs-rounds plots",
+        description="Redraw the plots (PNG plus the plotted data as CSV) into RUN_DIR.",
+    )
+    plot.add_argument("run_dir", metavar="RUN_DIR", help="a run directory of shuffle-opacus train")
+
+
+def _train(args: argparse.Namespace) -> int:
+    if (args.config is None) == (args.resume is None):
+        raise CliError("give exactly one of --config FILE (a new run) or --resume RUN_DIR")
+    if args.resume is not None and args.overrides:
+        raise CliError("--set cannot change a run being resumed; it keeps its config.yaml")
+    from experiments.config import load_config
+    from experiments.runner import resume, run, summary_table
+
+    if args.resume is not None:
+        result = resume(args.resume, progress=not args.no_progress)
+    else:
+        config = load_config(args.config, args.overrides)
+        result = run(config, progress=not args.no_progress)
+    print(summary_table(result), flush=True)
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from experiments.plots import plot_run
+
+    for path in plot_run(args.run_dir):
+        print(path)
+    return 0
 
 
 def _sensitivity_arg(text: str) -> float:
@@ -332,10 +391,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _account(args)
         if args.command == "calibrate":
             return _calibrate(args)
+        if args.command == "train":
+            return _train(args)
+        if args.command == "plot":
+            return _plot(args)
     except (CliError, ValueError) as exc:
         message = _one_line(str(exc))
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130  # the runner has saved a checkpoint and said how to resume
     return 2  # pragma: no cover - argparse enforces a command
 
 

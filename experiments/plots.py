@@ -1,0 +1,128 @@
+"""The experiment's figures, drawn from a run directory's ``metrics.csv`` and ``config.yaml``.
+
+* ``accuracy_vs_epsilon.png``: test accuracy at each evaluation round against the epsilon spent
+  by then, one curve per accountant (Liew & Takahashi, Figure 1b). The same accuracies appear
+  on every curve; what differs is how much privacy each accountant says they cost.
+* ``epsilon_vs_rounds.png``: epsilon after each round for the same accountants (Figure 1a
+  style).
+
+Each PNG comes with a CSV of exactly the plotted points. The epsilon axis is logarithmic: the
+accountants differ by orders of magnitude.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .config import ConfigError, load_config  # noqa: E402
+from .curves import CURVE_LABELS  # noqa: E402
+
+__all__ = ["plot_run"]
+
+_STYLE = {
+    "exact": {"color": "tab:red", "linestyle": "-"},
+    "sum": {"color": "tab:orange", "linestyle": "-."},
+    "theorem3": {"color": "tab:purple", "linestyle": "--"},
+    "no-shuffle": {"color": "tab:blue", "linestyle": ":"},
+    "central": {"color": "black", "linestyle": (0, (1, 3))},
+}
+
+
+def _read(run_dir: Path) -> tuple[list[str], list[dict[str, str]]]:
+    path = run_dir / "metrics.csv"
+    if not path.exists():
+        raise ConfigError(f"{run_dir} has no metrics.csv; is it a run directory?")
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        rows = list(reader)
+        columns = list(reader.fieldnames or [])
+    if not rows:
+        raise ConfigError(f"{path} has no rounds yet")
+    names = [c[len("eps_") :] for c in columns if c.startswith("eps_")]
+    return names, rows
+
+
+def plot_run(run_dir: str | Path) -> list[Path]:
+    """Draw both figures of a run into its directory.
+
+    Args:
+        run_dir: A run directory (complete or not).
+
+    Returns:
+        The files written: two PNGs and two CSVs.
+
+    Raises:
+        ConfigError: if the directory has no metrics or no config.
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").exists():
+        raise ConfigError(f"{run_dir} has no config.yaml; is it a run directory?")
+    config = load_config(run_dir / "config.yaml")
+    names, rows = _read(run_dir)
+    delta = config.privacy.delta
+    p = config.protocol
+    setting = (
+        f"{p.kind}"
+        + (f", rate {p.rate:g}" if p.rate is not None else "")
+        + (f", m {p.sample_size}" if p.sample_size is not None else "")
+        + f", local sigma {config.privacy.noise_multiplier:g}, C {config.privacy.clipping_norm:g}"
+        + f", sensitivity {config.privacy.sensitivity}"
+    )
+    written: list[Path] = []
+
+    evals = [r for r in rows if r["test_accuracy"]]
+    acc_csv = run_dir / "accuracy_vs_epsilon.csv"
+    with acc_csv.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["round", "test_accuracy", *[f"eps_{n}" for n in names]])
+        for r in evals:
+            writer.writerow([r["round"], r["test_accuracy"], *[r[f"eps_{n}"] for n in names]])
+    written.append(acc_csv)
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for name in names:
+        xs = [float(r[f"eps_{name}"]) for r in evals]
+        ys = [100.0 * float(r["test_accuracy"]) for r in evals]
+        ax.plot(xs, ys, marker="o", markersize=3, label=CURVE_LABELS.get(name, name),
+                **_STYLE.get(name, {}))  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xlabel(f"epsilon (delta = {delta:g})")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"{config.name}: accuracy vs privacy\n{setting}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    acc_png = run_dir / "accuracy_vs_epsilon.png"
+    fig.savefig(acc_png, dpi=120)
+    plt.close(fig)
+    written.append(acc_png)
+
+    eps_csv = run_dir / "epsilon_vs_rounds.csv"
+    with eps_csv.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["round", *[f"eps_{n}" for n in names]])
+        for r in rows:
+            writer.writerow([r["round"], *[r[f"eps_{n}"] for n in names]])
+    written.append(eps_csv)
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    rounds = [int(r["round"]) for r in rows]
+    for name in names:
+        ax.plot(rounds, [float(r[f"eps_{name}"]) for r in rows],
+                label=CURVE_LABELS.get(name, name), **_STYLE.get(name, {}))  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_xlabel("rounds")
+    ax.set_ylabel(f"epsilon (delta = {delta:g})")
+    ax.set_title(f"{config.name}: privacy spent\n{setting}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    eps_png = run_dir / "epsilon_vs_rounds.png"
+    fig.savefig(eps_png, dpi=120)
+    plt.close(fig)
+    written.append(eps_png)
+    return written

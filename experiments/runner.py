@@ -1,0 +1,554 @@
+"""Run the MNIST shuffle-model experiment from a validated config, with checkpoints and resume.
+
+One MNIST training image is one client. Each round the protocol's sampler picks the reporting
+clients; each computes the gradient of the loss on its image at the current model, clips it to
+``privacy.clipping_norm`` and adds Gaussian noise with std ``noise_multiplier * clipping_norm``
+(simulated as one draw on the sum, or per client with ``privacy.noise_mode: per_client``); the
+server averages the reports and takes an optimizer step. The Opacus side is
+:func:`shuffle_opacus.make_private` with the protocol's accountant.
+
+Run directory (``output_dir/name/<timestamp>``, with ``output_dir/name/latest`` pointing at the
+newest run):
+
+``config.yaml``
+    The resolved config (after ``--set`` overrides). ``--resume`` reads it back.
+``metrics.csv``
+    One row per round: ``round``, ``participants``, ``train_loss`` (mean over the round's
+    clients, empty for an empty round), ``test_loss`` and ``test_accuracy`` (at evaluation
+    rounds only) and ``eps_<accountant>`` for every configured accountant (see
+    :mod:`experiments.curves`). Nothing in it depends on timing, so a resumed run writes the
+    same file as an uninterrupted one.
+``checkpoint.pt``
+    Model, optimizer, accountant, noise-generator and torch RNG state and the round number,
+    written every ``training.checkpoint_every`` rounds, at the end, and on Ctrl-C.
+``summary.json``
+    Final accuracy and epsilons, rounds, wall time and seconds per round.
+``accuracy_vs_epsilon.png/.csv``, ``epsilon_vs_rounds.png/.csv``
+    The plots of :mod:`experiments.plots` and the data they show.
+
+Resuming rebuilds everything from the checkpoint: the sampler restarts at the saved round (its
+batches are a function of the seed and the round only), the noise generator continues from its
+saved state, and rows after the checkpoint are dropped from ``metrics.csv``. With the same
+number of threads the result is bit-for-bit that of an uninterrupted run (tested).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from opacus import PrivacyEngine
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+from torch.utils.data import DataLoader, TensorDataset
+
+import shuffle_opacus
+from shuffle_opacus.data import load_mnist
+
+from .config import ConfigError, ExperimentConfig, validate
+from .curves import CURVE_LABELS, EpsilonCurves
+from .models import build_model
+
+__all__ = ["RunResult", "run", "resume", "new_run_dir", "METRICS_FILE", "CHECKPOINT_FILE"]
+
+METRICS_FILE = "metrics.csv"
+CHECKPOINT_FILE = "checkpoint.pt"
+CONFIG_FILE = "config.yaml"
+SUMMARY_FILE = "summary.json"
+
+#: Mean and standard deviation of MNIST training pixels in [0, 1], used to standardise inputs.
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+
+_ACCOUNTANT = {"checkin": "shuffled_checkin", "subsampled": "subsampled_shuffle", "full": "shuffle"}
+_EVAL_BATCH = 2000
+
+
+@dataclass
+class RunResult:
+    """What a finished (or interrupted) run produced.
+
+    Attributes:
+        run_dir: The run directory.
+        rounds_done: Rounds completed (and checkpointed).
+        rounds: Rounds the config asks for.
+        test_accuracy: Accuracy at the last evaluation (``None`` if there was none).
+        epsilon: ``{accountant: epsilon}`` after ``rounds_done`` rounds.
+        delta: The delta of those epsilons.
+        seconds: Wall time spent training, summed over resumed sessions.
+        mean_participants: Mean number of reports per round.
+        plots: Files written by the plots.
+    """
+
+    run_dir: Path
+    rounds_done: int
+    rounds: int
+    test_accuracy: float | None
+    epsilon: dict[str, float]
+    delta: float
+    seconds: float
+    mean_participants: float
+    plots: list[Path] = field(default_factory=list)
+
+    @property
+    def seconds_per_round(self) -> float:
+        """Wall time per completed round (0 when nothing ran)."""
+        return self.seconds / self.rounds_done if self.rounds_done else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-serialisable dictionary."""
+        out = asdict(self)
+        out["run_dir"] = str(self.run_dir)
+        out["plots"] = [str(p) for p in self.plots]
+        out["seconds_per_round"] = self.seconds_per_round
+        return out
+
+
+def new_run_dir(config: ExperimentConfig) -> Path:
+    """Create ``output_dir/name/<timestamp>`` and point ``output_dir/name/latest`` at it.
+
+    Returns:
+        The new, empty directory.
+    """
+    parent = Path(config.output_dir) / config.name
+    parent.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = parent / stamp
+    suffix = 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = parent / f"{stamp}-{suffix}"
+    run_dir.mkdir()
+    latest = parent / "latest"
+    if latest.is_symlink() or not latest.exists():
+        tmp = parent / f".latest-{os.getpid()}"
+        if tmp.is_symlink():
+            tmp.unlink()
+        tmp.symlink_to(run_dir.name)
+        os.replace(tmp, latest)
+    return run_dir
+
+
+def _metric_columns(config: ExperimentConfig) -> list[str]:
+    base = ["round", "participants", "train_loss", "test_loss", "test_accuracy"]
+    return base + [f"eps_{name}" for name in config.privacy.accountants]
+
+
+def _tensors(config: ExperimentConfig) -> tuple[torch.Tensor, ...]:
+    d = config.data
+    mnist = load_mnist(d.source, d.root, d.pickle_path)
+    train_x, train_y, test_x, test_y = mnist.normalized()
+    if d.train_subset is not None:
+        if d.train_subset > train_x.shape[0]:
+            raise ConfigError(
+                f"data.train_subset must be <= {train_x.shape[0]} (the training set), got "
+                f"{d.train_subset}"
+            )
+        train_x, train_y = train_x[: d.train_subset], train_y[: d.train_subset]
+    if d.test_subset is not None:
+        test_x, test_y = test_x[: d.test_subset], test_y[: d.test_subset]
+
+    def images(x: np.ndarray) -> torch.Tensor:
+        return ((torch.from_numpy(x) - MNIST_MEAN) / MNIST_STD).unsqueeze(1).contiguous()
+
+    return (
+        images(train_x),
+        torch.from_numpy(train_y).long(),
+        images(test_x),
+        torch.from_numpy(test_y).long(),
+    )
+
+
+def _optimizer(config: ExperimentConfig, model: nn.Module) -> torch.optim.Optimizer:
+    o = config.optimizer
+    if o.name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum)
+    return torch.optim.Adam(model.parameters(), lr=o.lr)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """Return ``(mean cross-entropy, accuracy)`` of ``model`` on ``(x, y)``."""
+    was_training = model.training
+    model.eval()
+    loss, correct = 0.0, 0
+    for start in range(0, x.shape[0], _EVAL_BATCH):
+        logits = model(x[start : start + _EVAL_BATCH])
+        target = y[start : start + _EVAL_BATCH]
+        loss += float(F.cross_entropy(logits, target, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == target).sum())
+    model.train(was_training)
+    return loss / x.shape[0], correct / x.shape[0]
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _write_yaml(config: ExperimentConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+
+
+def _fmt(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return repr(float(value))
+
+
+class _Session:
+    """Everything one training session holds; built fresh for a new run or a resume."""
+
+    def __init__(self, config: ExperimentConfig, run_dir: Path, start_round: int) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        torch.set_num_threads(config.training.threads)
+        self.train_x, self.train_y, self.test_x, self.test_y = _tensors(config)
+        self.population = int(self.train_x.shape[0])
+        torch.manual_seed(config.seed)
+        model = build_model(config.model.name)
+        optimizer = _optimizer(config, model)
+        self.noise_generator = torch.Generator().manual_seed(config.seed + 1)
+        with warnings.catch_warnings():
+            # Opacus's reminder that its RNG is not cryptographically secure: this is a
+            # simulation whose noise must be reproducible from the seed.
+            warnings.filterwarnings("ignore", message="Secure RNG turned off")
+            self.engine = PrivacyEngine(accountant=_ACCOUNTANT[config.protocol.kind])
+        p = config.protocol
+        loader = DataLoader(TensorDataset(self.train_x, self.train_y), batch_size=1)
+        self.model, self.optimizer, private_loader = shuffle_opacus.make_private(
+            self.engine,
+            module=model,
+            optimizer=optimizer,
+            data_loader=loader,
+            noise_multiplier=config.privacy.noise_multiplier,
+            max_grad_norm=config.privacy.clipping_norm,
+            rounds=config.training.rounds,
+            rate=p.rate,
+            sample_size=p.sample_size if p.kind == "subsampled" else None,
+            seed=config.seed,
+            start_round=start_round,
+            sensitivity=config.privacy.sensitivity,
+            noise_mode=config.privacy.noise_mode,
+            grad_sample_mode=config.training.grad_sample_mode,
+            noise_generator=self.noise_generator,
+        )
+        # Index the tensors with the sampler's batches directly: the same rounds as the
+        # private loader, without collating thousands of single examples per round.
+        self.sampler = private_loader.batch_sampler
+        # Evaluation uses the wrapped network itself: no per-sample machinery (Opacus's ``ew``
+        # wrapper would try to compute per-sample gradients even under no_grad).
+        self.plain_model: nn.Module = self.model._module
+        self.curves = EpsilonCurves(config, self.population)
+
+    def state(self, round_done: int, seconds: float, participants: int) -> dict[str, Any]:
+        return {
+            "round": round_done,
+            "model": self.plain_model.state_dict(),
+            "optimizer": self.optimizer.original_optimizer.state_dict(),
+            "accountant": self.engine.accountant.state_dict(),
+            "noise_generator": self.noise_generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "seconds": seconds,
+            "participants": participants,
+        }
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.plain_model.load_state_dict(state["model"])
+        self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
+        self.engine.accountant.load_state_dict(state["accountant"])
+        self.noise_generator.set_state(state["noise_generator"])
+        torch.set_rng_state(state["torch_rng"])
+
+    def learning_rate(self, round_number: int) -> float:
+        """Return the learning rate of round ``round_number`` (1-based) under the schedule.
+
+        ``cosine`` decays from ``optimizer.lr`` to 0 over the run: ``lr (1 + cos(pi (t - 1) /
+        T)) / 2``. It is a function of the round only, so a resumed run needs no extra state.
+        """
+        o = self.config.optimizer
+        if o.schedule == "constant":
+            return o.lr
+        frac = (round_number - 1) / self.config.training.rounds
+        return o.lr * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+    def round(self, indices: Sequence[int], round_number: int) -> float:
+        """One round: per-client gradients, clipping, local noise, one server step.
+
+        With ``training.micro_batch`` the reports are processed in chunks: every chunk but the
+        last only clips and accumulates (Opacus's ``signal_skip_step``), the last adds the
+        noise of all the round's reports and steps, so a round is still one noisy step and one
+        accountant step. Chunks keep the per-sample gradients small (faster on CPU); the result
+        equals the unchunked round up to floating-point rounding.
+        """
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        x, y = self.train_x[idx], self.train_y[idx]
+        size = int(idx.numel())
+        chunk = self.config.training.micro_batch or max(size, 1)
+        starts = list(range(0, size, chunk)) or [0]
+        loss_sum = 0.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate(round_number)
+        self.optimizer.zero_grad(set_to_none=True)
+        for i, start in enumerate(starts):
+            last = i == len(starts) - 1
+            xc, yc = x[start : start + chunk], y[start : start + chunk]
+            loss = F.cross_entropy(self.model(xc), yc)
+            with warnings.catch_warnings():
+                # The inputs are data, not parameters; Opacus's hooks still see every layer.
+                warnings.filterwarnings("ignore", message="Full backward hook is firing")
+                loss.backward()
+            if size:
+                loss_sum += loss.item() * int(yc.shape[0])
+            if len(starts) > 1:
+                self.optimizer.signal_skip_step(do_skip=not last)
+            self.optimizer.step()
+            if not last:
+                self.optimizer.zero_grad(set_to_none=True)  # the clipped sum is kept
+        return loss_sum / size if size else math.nan
+
+
+def _progress(total: int, initial: int, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit="round",
+        disable=not enabled,
+        dynamic_ncols=True,
+        smoothing=0.05,
+    )
+
+
+def _read_metrics(path: Path, up_to: int) -> list[dict[str, str]]:
+    if not path.exists():
+        return []
+    with path.open(newline="") as fh:
+        return [row for row in csv.DictReader(fh) if int(row["round"]) <= up_to]
+
+
+def _train(
+    config: ExperimentConfig,
+    run_dir: Path,
+    *,
+    state: dict[str, Any] | None,
+    progress: bool,
+    stop_after: int | None,
+    echo: Callable[[str], None],
+) -> RunResult:
+    start = int(state["round"]) if state is not None else 0
+    session = _Session(config, run_dir, start)
+    if state is not None:
+        session.load(state)
+    seconds = float(state["seconds"]) if state is not None else 0.0
+    participants_total = int(state["participants"]) if state is not None else 0
+    columns = _metric_columns(config)
+    metrics_path = run_dir / METRICS_FILE
+    rows = _read_metrics(metrics_path, start)
+    last_acc: float | None = None
+    for row in rows:
+        if row["test_accuracy"]:
+            last_acc = float(row["test_accuracy"])
+    rounds = config.training.rounds
+    t = config.training
+    first_curve = config.privacy.accountants[0]
+    done = start
+    bar = _progress(rounds, start, progress)
+    with metrics_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+        fh.flush()
+        try:
+            for t_index, indices in enumerate(session.sampler, start=start + 1):
+                began = time.perf_counter()
+                loss = session.round(indices, t_index)
+                seconds += time.perf_counter() - began
+                done = t_index
+                participants_total += len(indices)
+                row: dict[str, str] = {
+                    "round": str(done),
+                    "participants": str(len(indices)),
+                    "train_loss": _fmt(loss),
+                    "test_loss": "",
+                    "test_accuracy": "",
+                }
+                if done % t.eval_every == 0 or done == rounds:
+                    s = session
+                    test_loss, last_acc = evaluate(s.plain_model, s.test_x, s.test_y)
+                    row["test_loss"], row["test_accuracy"] = _fmt(test_loss), _fmt(last_acc)
+                eps = session.curves.row(done)
+                row.update({f"eps_{k}": _fmt(v) for k, v in eps.items()})
+                writer.writerow(row)
+                if row["test_accuracy"]:
+                    fh.flush()  # so that an evaluation can be followed in metrics.csv
+                bar.update(1)
+                postfix = {f"eps[{first_curve}]": f"{eps[first_curve]:.4g}"}
+                if last_acc is not None:
+                    postfix["acc"] = f"{last_acc:.2%}"
+                bar.set_postfix(postfix, refresh=False)
+                if done % t.checkpoint_every == 0 or done == rounds:
+                    fh.flush()
+                    _atomic_save(
+                        session.state(done, seconds, participants_total),
+                        run_dir / CHECKPOINT_FILE,
+                    )
+                if stop_after is not None and done >= stop_after:
+                    break
+        except KeyboardInterrupt:
+            fh.flush()
+            _atomic_save(
+                session.state(done, seconds, participants_total), run_dir / CHECKPOINT_FILE
+            )
+            echo(f"interrupted after round {done}; continue with --resume {run_dir}")
+            raise
+        finally:
+            bar.close()
+    if done != rounds and (stop_after is None or done < stop_after):
+        # Only reachable if the sampler produced fewer rounds than configured.
+        raise RuntimeError(f"the sampler stopped after round {done} of {rounds}")
+    result = RunResult(
+        run_dir=run_dir,
+        rounds_done=done,
+        rounds=rounds,
+        test_accuracy=last_acc,
+        epsilon=session.curves.row(done),
+        delta=config.privacy.delta,
+        seconds=seconds,
+        mean_participants=participants_total / done if done else 0.0,
+    )
+    if done == rounds:
+        from .plots import plot_run
+
+        result.plots = plot_run(run_dir)
+        (run_dir / SUMMARY_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        _check_accountant(session, done)
+    return result
+
+
+def _check_accountant(session: _Session, rounds: int) -> None:
+    """Check that the Opacus accountant and the ``exact`` curve give the same epsilon."""
+    if "exact" not in session.curves.names:
+        return
+    ours = session.curves.epsilon("exact", rounds)
+    theirs = session.engine.get_epsilon(delta=session.config.privacy.delta)
+    if not math.isclose(ours, theirs, rel_tol=1e-9, abs_tol=1e-12):
+        raise RuntimeError(
+            f"the accountant's epsilon {theirs} differs from the exact curve's {ours}"
+        )
+
+
+def run(
+    config: ExperimentConfig,
+    *,
+    run_dir: Path | None = None,
+    progress: bool = True,
+    stop_after: int | None = None,
+    echo: Callable[[str], None] = print,
+) -> RunResult:
+    """Train from scratch according to ``config``.
+
+    Args:
+        config: A validated config (see :func:`experiments.config.load_config`).
+        run_dir: Directory to write into (must be empty or absent); by default a new
+            ``output_dir/name/<timestamp>``.
+        progress: Show a progress bar.
+        stop_after: Stop (with a checkpoint) after this round, as an interruption would; for
+            tests and for splitting long runs.
+        echo: Where messages go.
+
+    Returns:
+        A :class:`RunResult`; plots and ``summary.json`` are written once all rounds are done.
+
+    Raises:
+        ConfigError: if ``run_dir`` is not empty.
+        shuffle_opacus.data.MnistNotFoundError: if MNIST cannot be found.
+    """
+    config = validate(config.model_dump(mode="json"))
+    if run_dir is None:
+        run_dir = new_run_dir(config)
+    else:
+        run_dir = Path(run_dir)
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise ConfigError(f"run directory {run_dir} is not empty; use --resume to continue it")
+        run_dir.mkdir(parents=True, exist_ok=True)
+    _write_yaml(config, run_dir / CONFIG_FILE)
+    return _train(config, run_dir, state=None, progress=progress, stop_after=stop_after, echo=echo)
+
+
+def resume(
+    run_dir: Path,
+    *,
+    progress: bool = True,
+    stop_after: int | None = None,
+    echo: Callable[[str], None] = print,
+) -> RunResult:
+    """Continue an interrupted run from its last checkpoint.
+
+    Args:
+        run_dir: A run directory written by :func:`run`.
+        progress: Show a progress bar.
+        stop_after: As in :func:`run`.
+        echo: Where messages go.
+
+    Returns:
+        A :class:`RunResult`.
+
+    Raises:
+        ConfigError: if ``run_dir`` has no config or no checkpoint, or is already complete.
+    """
+    run_dir = Path(run_dir)
+    config_path = run_dir / CONFIG_FILE
+    if not config_path.exists():
+        raise ConfigError(f"--resume {run_dir}: no {CONFIG_FILE} there; is it a run directory?")
+    from .config import load_config
+
+    config = load_config(config_path)
+    ckpt = run_dir / CHECKPOINT_FILE
+    if not ckpt.exists():
+        raise ConfigError(
+            f"--resume {run_dir}: no {CHECKPOINT_FILE} yet (the run stopped before its first "
+            "checkpoint); start it again"
+        )
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    if int(state["round"]) >= config.training.rounds:
+        raise ConfigError(
+            f"--resume {run_dir}: the run is complete ({state['round']} of "
+            f"{config.training.rounds} rounds)"
+        )
+    echo(f"resuming {run_dir} at round {int(state['round']) + 1} of {config.training.rounds}")
+    return _train(config, run_dir, state=state, progress=progress, stop_after=stop_after, echo=echo)
+
+
+def summary_table(result: RunResult) -> str:
+    """Return the end-of-run summary as aligned text."""
+    lines = [
+        f"run directory   {result.run_dir}",
+        f"rounds          {result.rounds_done} of {result.rounds} "
+        f"(mean {result.mean_participants:,.1f} reports per round)",
+        f"training time   {result.seconds:,.1f} s ({result.seconds_per_round:.3f} s per round)",
+    ]
+    if result.test_accuracy is not None:
+        lines.append(f"test accuracy   {result.test_accuracy:.2%}")
+    lines.append("")
+    width = max(len(CURVE_LABELS[name]) for name in result.epsilon)
+    lines.append(f"{'accountant'.ljust(width)}  epsilon at delta={result.delta:g}")
+    for name, eps in result.epsilon.items():
+        lines.append(f"{CURVE_LABELS[name].ljust(width)}  {eps:.6g}")
+    if result.plots:
+        lines.append("")
+        lines.extend(f"plot            {p}" for p in result.plots if p.suffix == ".png")
+    return "\n".join(lines)
