@@ -1,0 +1,282 @@
+"""The experiment runner: the smoke config end to end, resume, CLI errors, epsilon curves."""
+
+from __future__ import annotations
+
+import csv
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+from experiments import runner
+from experiments.config import load_config, validate
+from experiments.curves import EpsilonCurves, curve_rdp
+from shuffle_opacus.cli import main
+from shuffle_opacus.protocols import history_epsilon
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs"
+
+# A tiny variant of the smoke config: ~50 reports per round on 500 clients.
+TINY = [
+    "data.train_subset=500",
+    "data.test_subset=200",
+    "training.rounds=12",
+    "training.eval_every=4",
+    "training.checkpoint_every=5",
+]
+
+
+def tiny_config(tmp_path: Path, *extra: str):
+    return load_config(CONFIGS / "smoke.yaml", [*TINY, f"output_dir={tmp_path}", *extra])
+
+
+def read_rows(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "metrics.csv").open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+
+
+def test_smoke_config_end_to_end(tmp_path, capsys):
+    status = main(
+        ["train", "--config", str(CONFIGS / "smoke.yaml"), "--set", f"output_dir={tmp_path}",
+         "--no-progress"]
+    )  # fmt: skip
+    assert status == 0
+    cfg = load_config(CONFIGS / "smoke.yaml")
+    run_dir = (tmp_path / "smoke" / "latest").resolve()
+    for name in ("config.yaml", "metrics.csv", "checkpoint.pt", "summary.json",
+                 "accuracy_vs_epsilon.png", "accuracy_vs_epsilon.csv",
+                 "epsilon_vs_rounds.png", "epsilon_vs_rounds.csv"):  # fmt: skip
+        assert (run_dir / name).is_file(), name
+    for png in run_dir.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = read_rows(run_dir)
+    assert [int(r["round"]) for r in rows] == list(range(1, cfg.training.rounds + 1))
+    evals = [int(r["round"]) for r in rows if r["test_accuracy"]]
+    assert evals == list(range(cfg.training.eval_every, cfg.training.rounds + 1, 5))
+    # Participants: Binomial(2000, 0.1) per round; mean 200, sd 13.4.
+    counts = np.array([int(r["participants"]) for r in rows])
+    assert abs(counts.mean() - 200) < 4 * 13.4 / math.sqrt(len(counts))
+    # Each epsilon curve grows with the rounds.
+    for name in cfg.privacy.accountants:
+        eps = [float(r[f"eps_{name}"]) for r in rows]
+        assert all(b >= a for a, b in zip(eps, eps[1:], strict=False)), name
+    # The exact curve is the package's accountant for the whole history.
+    expected = history_epsilon(
+        [(cfg.privacy.noise_multiplier, cfg.protocol.rate, cfg.training.rounds)],
+        protocol="checkin", delta=cfg.privacy.delta, population=2000,
+        sensitivity=cfg.privacy.sensitivity,
+    ).epsilon  # fmt: skip
+    assert float(rows[-1]["eps_exact"]) == pytest.approx(expected, rel=1e-12)
+    # The plotted data are the evaluation rows.
+    with (run_dir / "accuracy_vs_epsilon.csv").open(newline="") as fh:
+        plotted = list(csv.DictReader(fh))
+    assert [p["round"] for p in plotted] == [str(r) for r in evals]
+    out = capsys.readouterr().out
+    assert "test accuracy" in out and "shuffle, exact (this package)" in out
+    assert str(run_dir / "accuracy_vs_epsilon.png") in out
+
+
+def test_resume_after_stop_matches_uninterrupted_run(tmp_path):
+    cfg = tiny_config(tmp_path)
+    whole = runner.run(cfg, run_dir=tmp_path / "whole", progress=False)
+    part = tmp_path / "part"
+    stopped = runner.run(cfg, run_dir=part, progress=False, stop_after=7)
+    assert stopped.rounds_done == 7 and not stopped.plots
+    # The last checkpoint is round 5: rounds 6 and 7 are redone.
+    assert torch.load(part / "checkpoint.pt", weights_only=False)["round"] == 5
+    resumed = runner.resume(part, progress=False, echo=lambda _: None)
+    assert resumed.rounds_done == cfg.training.rounds
+    assert (part / "metrics.csv").read_bytes() == (tmp_path / "whole" / "metrics.csv").read_bytes()
+    a, b = final_params(tmp_path / "whole"), final_params(part)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.epsilon == whole.epsilon and resumed.test_accuracy == whole.test_accuracy
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch):
+    # With the cosine schedule and momentum, so that optimizer state must be restored too.
+    cfg = tiny_config(tmp_path, "training.checkpoint_every=100", "optimizer.schedule=cosine")
+    runner.run(cfg, run_dir=tmp_path / "whole", progress=False)
+    original = runner._Session.round
+    calls = {"n": 0}
+
+    def interrupted(self, indices, round_number):
+        calls["n"] += 1
+        if calls["n"] == 9:
+            raise KeyboardInterrupt
+        return original(self, indices, round_number)
+
+    monkeypatch.setattr(runner._Session, "round", interrupted)
+    messages: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(cfg, run_dir=tmp_path / "part", progress=False, echo=messages.append)
+    assert "--resume" in messages[-1]
+    assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)["round"] == 8
+    monkeypatch.setattr(runner._Session, "round", original)
+    runner.resume(tmp_path / "part", progress=False, echo=lambda _: None)
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert (part / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
+    a, b = final_params(whole), final_params(part)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_micro_batches_give_the_unchunked_round(tmp_path):
+    # About 50 reports per round in chunks of 7: the clipped sum, the noise (same generator
+    # state) and the step must equal the unchunked round's up to rounding.
+    a = runner.run(tiny_config(tmp_path, "training.micro_batch=null"), run_dir=tmp_path / "a",
+                   progress=False)  # fmt: skip
+    b = runner.run(tiny_config(tmp_path, "training.micro_batch=7"), run_dir=tmp_path / "b",
+                   progress=False)  # fmt: skip
+    ra, rb = read_rows(a.run_dir), read_rows(b.run_dir)
+    assert [r["participants"] for r in ra] == [r["participants"] for r in rb]
+    for x, y in zip(ra, rb, strict=True):
+        assert float(x["train_loss"]) == pytest.approx(float(y["train_loss"]), rel=1e-5)
+    pa, pb = final_params(a.run_dir), final_params(b.run_dir)
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], rtol=1e-4, atol=1e-6)
+    assert a.epsilon == b.epsilon
+
+
+def test_different_seed_gives_different_run(tmp_path):
+    a = runner.run(tiny_config(tmp_path), run_dir=tmp_path / "a", progress=False)
+    b = runner.run(tiny_config(tmp_path, "seed=1"), run_dir=tmp_path / "b", progress=False)
+    assert read_rows(a.run_dir) != read_rows(b.run_dir)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train"], "give exactly one of --config FILE"),
+        (["train", "--config", "configs/smoke.yaml", "--resume", "x"], "give exactly one of"),
+        (["train", "--config", "configs/smoke.yaml", "--set", "training.rounds=-1"],
+         "training.rounds must be a positive integer, got -1"),
+        (["train", "--config", "configs/smoke.yaml", "--set", "training.round=3"],
+         "training.round is not a known key"),
+        (["train", "--config", "configs/smoke.yaml", "--set", "protocol.rate=1.5"],
+         "protocol.rate must be <= 1.0, got 1.5"),
+        (["train", "--config", "configs/missing.yaml"], "configs/missing.yaml does not"),
+        (["train", "--resume", "configs"], "--resume configs: no config.yaml there"),
+        (["plot", "configs"], "configs has no config.yaml"),
+    ],
+)  # fmt: skip
+def test_cli_errors_are_one_line(argv, message, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_resume_refuses_complete_run_and_set(tmp_path, capsys):
+    run = runner.run(tiny_config(tmp_path), run_dir=tmp_path / "r", progress=False)
+    assert main(["train", "--resume", str(run.run_dir)]) == 2
+    assert "the run is complete (12 of 12 rounds)" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run.run_dir), "--set", "seed=2"]) == 2
+    assert "--set cannot change a run being resumed" in capsys.readouterr().err
+
+
+def test_run_refuses_non_empty_directory(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "x").write_text("")
+    with pytest.raises(ValueError, match="is not empty; use --resume"):
+        runner.run(tiny_config(tmp_path), run_dir=tmp_path / "r", progress=False)
+
+
+def test_plot_command_redraws(tmp_path, capsys):
+    run = runner.run(tiny_config(tmp_path), run_dir=tmp_path / "r", progress=False)
+    for png in run.run_dir.glob("*.png"):
+        png.unlink()
+    assert main(["plot", str(run.run_dir)]) == 0
+    assert sorted(p.name for p in run.run_dir.glob("*.png")) == [
+        "accuracy_vs_epsilon.png", "epsilon_vs_rounds.png"
+    ]  # fmt: skip
+
+
+# --- epsilon curves against independent implementations -------------------------------------
+
+
+@pytest.mark.parametrize(("rate", "local", "sens"), [(0.1, 5.0, 1.0), (0.01, 2.0, 2.0)])
+def test_reference_curves_match_opacus_rdp_accountant(rate, local, sens):
+    n = 60000
+    kw = {"protocol": "checkin", "population": n, "noise_multiplier": local,
+          "sensitivity": sens, "rate": rate}  # fmt: skip
+    orders = np.array([2, 3, 5, 10, 33, 100, 300, 1000])  # Opacus overflows beyond
+    # No shuffling: Poisson-subsampled Gaussian with the local sigma / sensitivity.
+    ns = compute_rdp(q=rate, noise_multiplier=local / sens, steps=1, orders=orders.tolist())
+    np.testing.assert_allclose(curve_rdp("no-shuffle", **kw)(orders), ns, rtol=1e-6)
+    # Central: the same total noise on the sum, sigma * sqrt(rate * n).
+    sigma_c = local / sens * math.sqrt(rate * n)
+    c = compute_rdp(q=rate, noise_multiplier=sigma_c, steps=1, orders=orders.tolist())
+    np.testing.assert_allclose(curve_rdp("central", **kw)(orders), c, rtol=1e-6)
+    # Epsilon: Opacus converts with the same Lemma 2 but over fewer orders, so ours is at most
+    # theirs, and equal when their optimum is interior.
+    cfg = validate({
+        "name": "t", "output_dir": "runs", "protocol": {"kind": "checkin", "rate": rate},
+        "privacy": {"clipping_norm": 0.01, "noise_multiplier": local, "sensitivity": sens},
+        "optimizer": {"lr": 1.0}, "training": {"rounds": 10},
+    })  # fmt: skip
+    curves = EpsilonCurves(cfg, n)
+    grid = list(range(2, 257))
+    for name, sigma in (("no-shuffle", local / sens), ("central", sigma_c)):
+        for steps in (1, 100, 3000):
+            rdp = compute_rdp(q=rate, noise_multiplier=sigma, steps=steps, orders=grid)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # Opacus: optimum at largest order
+                theirs, best = get_privacy_spent(orders=grid, rdp=rdp, delta=1e-5)
+            ours = curves.epsilon(name, steps)
+            assert ours <= theirs * (1 + 1e-9)
+            if best < grid[-1]:
+                assert ours == pytest.approx(theirs, rel=1e-6)
+
+
+def test_full_protocol_curves_have_closed_forms():
+    orders = np.arange(2, 20)
+    ns = curve_rdp("no-shuffle", protocol="full", population=100, noise_multiplier=3.0,
+                   sensitivity="paper")(orders)  # fmt: skip
+    np.testing.assert_allclose(ns, orders / (2 * 9.0))
+    c = curve_rdp("central", protocol="full", population=100, noise_multiplier=3.0,
+                  sensitivity=2.0)(orders)  # fmt: skip
+    np.testing.assert_allclose(c, orders / (2 * (1.5 * 10.0) ** 2))
+
+
+def test_curve_not_defined_for_protocol_is_refused():
+    with pytest.raises(ValueError, match="theorem3 is not available for protocol full"):
+        curve_rdp("theorem3", protocol="full", population=10, noise_multiplier=1.0,
+                  sensitivity="paper")  # fmt: skip
+
+
+# --- the shipped configs ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_validate(path):
+    load_config(path)
+
+
+def test_shipped_configs_exist():
+    assert {p.stem for p in CONFIGS.glob("*.yaml")} >= {"smoke", "quick", "paper"}
+
+
+def test_paper_config_is_the_papers_setting():
+    # Liew & Takahashi §5.2: 60,000 users, gamma = 0.1, C = 0.01, sigma = 5, 5,540 rounds.
+    cfg = load_config(CONFIGS / "paper.yaml")
+    assert cfg.data.train_subset is None and cfg.data.test_subset is None
+    assert (cfg.protocol.kind, cfg.protocol.rate) == ("checkin", 0.1)
+    assert (cfg.privacy.clipping_norm, cfg.privacy.noise_multiplier) == (0.01, 5.0)
+    assert cfg.privacy.sensitivity == "paper" and cfg.training.rounds == 5540
+    assert cfg.model.name == "cnn"
+
+
+def test_quick_config_uses_real_mnist_checkin():
+    cfg = load_config(CONFIGS / "quick.yaml")
+    assert cfg.protocol.kind == "checkin" and cfg.data.train_subset is None
+    raw = yaml.safe_load((CONFIGS / "quick.yaml").read_text())
+    assert raw["data"].get("source", "auto") in ("auto", "pickle", "idx", "torchvision")
