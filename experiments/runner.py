@@ -20,7 +20,8 @@ newest run):
     same file as an uninterrupted one.
 ``checkpoint.pt``
     Model, optimizer, accountant, noise-generator and torch RNG state and the round number,
-    written every ``training.checkpoint_every`` rounds, at the end, and on Ctrl-C.
+    written every ``training.checkpoint_every`` rounds, at the end, and on Ctrl-C (the round
+    under way finishes first; a second Ctrl-C stops at once and leaves the last checkpoint).
 ``summary.json``
     Final accuracy and epsilons, rounds, wall time and seconds per round.
 ``accuracy_vs_epsilon.png/.csv``, ``epsilon_vs_rounds.png/.csv``
@@ -38,6 +39,8 @@ import csv
 import json
 import math
 import os
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -333,6 +336,40 @@ def _progress(total: int, initial: int, enabled: bool) -> Any:
     )
 
 
+class _StopRequest:
+    """Turn Ctrl-C (SIGINT) into a request honoured between rounds.
+
+    A round interrupted half-way could leave the model stepped but the round not recorded, and a
+    checkpoint of that state would not resume exactly. So the first Ctrl-C only sets a flag: the
+    current round finishes, a checkpoint is written and the run stops. A second Ctrl-C raises
+    ``KeyboardInterrupt`` at once; the last periodic checkpoint is then the resume point. Only
+    installed in the main thread, and not when SIGINT is ignored (background jobs).
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+        self._installed = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> _StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if previous is not signal.SIG_IGN:
+                self._previous = previous
+                signal.signal(signal.SIGINT, self._handle)
+                self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+
+
 def _read_metrics(path: Path, up_to: int) -> list[dict[str, str]]:
     if not path.exists():
         return []
@@ -367,7 +404,8 @@ def _train(
     first_curve = config.privacy.accountants[0]
     done = start
     bar = _progress(rounds, start, progress)
-    with metrics_path.open("w", newline="") as fh:
+    saved = start
+    with _StopRequest() as stop, metrics_path.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
@@ -400,20 +438,23 @@ def _train(
                 if last_acc is not None:
                     postfix["acc"] = f"{last_acc:.2%}"
                 bar.set_postfix(postfix, refresh=False)
-                if done % t.checkpoint_every == 0 or done == rounds:
+                if done % t.checkpoint_every == 0 or done == rounds or stop.requested:
                     fh.flush()
                     _atomic_save(
                         session.state(done, seconds, participants_total),
                         run_dir / CHECKPOINT_FILE,
                     )
+                    saved = done
+                if stop.requested:
+                    echo(f"interrupted after round {done}; continue with --resume {run_dir}")
+                    raise KeyboardInterrupt
                 if stop_after is not None and done >= stop_after:
                     break
         except KeyboardInterrupt:
             fh.flush()
-            _atomic_save(
-                session.state(done, seconds, participants_total), run_dir / CHECKPOINT_FILE
-            )
-            echo(f"interrupted after round {done}; continue with --resume {run_dir}")
+            if not stop.requested:
+                where = f"round {saved}" if saved else "no checkpoint yet"
+                echo(f"interrupted; last checkpoint: {where}; continue with --resume {run_dir}")
             raise
         finally:
             bar.close()

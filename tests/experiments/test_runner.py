@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import signal
 import warnings
 from pathlib import Path
 
@@ -107,26 +108,51 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch):
     cfg = tiny_config(tmp_path, "training.checkpoint_every=100", "optimizer.schedule=cosine")
     runner.run(cfg, run_dir=tmp_path / "whole", progress=False)
     original = runner._Session.round
-    calls = {"n": 0}
 
     def interrupted(self, indices, round_number):
-        calls["n"] += 1
-        if calls["n"] == 9:
-            raise KeyboardInterrupt
+        if round_number == 9:  # Ctrl-C arrives in the middle of round 9
+            signal.raise_signal(signal.SIGINT)
         return original(self, indices, round_number)
 
     monkeypatch.setattr(runner._Session, "round", interrupted)
     messages: list[str] = []
     with pytest.raises(KeyboardInterrupt):
         runner.run(cfg, run_dir=tmp_path / "part", progress=False, echo=messages.append)
-    assert "--resume" in messages[-1]
-    assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)["round"] == 8
+    assert messages[-1].startswith("interrupted after round 9; continue with --resume")
+    # Round 9 was completed before stopping, and the handler is gone again.
+    assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)["round"] == 9
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     monkeypatch.setattr(runner._Session, "round", original)
     runner.resume(tmp_path / "part", progress=False, echo=lambda _: None)
     whole, part = tmp_path / "whole", tmp_path / "part"
     assert (part / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
     a, b = final_params(whole), final_params(part)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_exception_mid_round_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    # An exception inside a round (a second Ctrl-C, a crash) must not checkpoint a half-done
+    # round: resume starts from the last periodic checkpoint and still matches.
+    cfg = tiny_config(tmp_path)
+    runner.run(cfg, run_dir=tmp_path / "whole", progress=False)
+    original = runner._Session.round
+
+    def crashing(self, indices, round_number):
+        if round_number == 8:
+            original(self, indices, round_number)  # the model has moved ...
+            raise KeyboardInterrupt  # ... but the round is never recorded
+        return original(self, indices, round_number)
+
+    monkeypatch.setattr(runner._Session, "round", crashing)
+    messages: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(cfg, run_dir=tmp_path / "part", progress=False, echo=messages.append)
+    assert "last checkpoint: round 5" in messages[-1]
+    assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)["round"] == 5
+    monkeypatch.setattr(runner._Session, "round", original)
+    runner.resume(tmp_path / "part", progress=False, echo=lambda _: None)
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert (part / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
 
 
 def test_micro_batches_give_the_unchunked_round(tmp_path):
