@@ -8,6 +8,7 @@ aggregate noise divided by the sensitivity of the sum). Orders are integers >= 2
 from .accounting import MECHANISMS, METHODS, AccountingResult, compute_epsilon, per_step_rdp
 from .central import gaussian_rdp, poisson_subsampled_gaussian_rdp
 from .checkin import CHECKIN_METHODS, checkin_rdp
+from .clones import CloneBounds, clones_delta, clones_epsilon
 from .conversion import EpsilonResult, OrderCapWarning, epsilon_from_rdp, rdp_to_dp
 from .shuffle_gaussian import no_shuffle_rdp, shuffle_gaussian_log_excess, shuffle_gaussian_rdp
 from .subsampling import subsampled_shuffle_rdp
@@ -17,9 +18,12 @@ __all__ = [
     "METHODS",
     "CHECKIN_METHODS",
     "AccountingResult",
+    "CloneBounds",
     "EpsilonResult",
     "OrderCapWarning",
     "checkin_rdp",
+    "clones_delta",
+    "clones_epsilon",
     "compute_epsilon",
     "epsilon_from_rdp",
     "gaussian_rdp",
