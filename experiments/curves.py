@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -182,7 +182,3 @@ class EpsilonCurves:
     def row(self, rounds: int) -> dict[str, float]:
         """Return ``{name: epsilon}`` after ``rounds`` rounds for every configured curve."""
         return {name: self.epsilon(name, rounds) for name in self.names}
-
-    def table(self, rounds: Sequence[int]) -> dict[str, list[float]]:
-        """Return each curve evaluated at every entry of ``rounds``."""
-        return {name: [self.epsilon(name, t) for t in rounds] for name in self.names}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -48,6 +49,24 @@ def _read(run_dir: Path) -> tuple[list[str], list[dict[str, str]]]:
     return names, rows
 
 
+def _save(
+    fig: Any, ax: Any, stem: Path, title: str, columns: list[str], rows: list[dict[str, str]]
+) -> list[Path]:
+    """Finish and write one figure as ``stem.png``, with ``columns`` of ``rows`` as ``stem.csv``."""
+    csv_path, png_path = stem.with_suffix(".csv"), stem.with_suffix(".png")
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(columns)
+        writer.writerows([r[c] for c in columns] for r in rows)
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+    return [csv_path, png_path]
+
+
 def plot_run(run_dir: str | Path) -> list[Path]:
     """Draw both figures of a run into its directory.
 
@@ -74,16 +93,9 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         + f", local sigma {config.privacy.noise_multiplier:g}, C {config.privacy.clipping_norm:g}"
         + f", sensitivity {config.privacy.sensitivity}"
     )
-    written: list[Path] = []
-
     evals = [r for r in rows if r["test_accuracy"]]
-    acc_csv = run_dir / "accuracy_vs_epsilon.csv"
-    with acc_csv.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["round", "test_accuracy", *[f"eps_{n}" for n in names]])
-        for r in evals:
-            writer.writerow([r["round"], r["test_accuracy"], *[r[f"eps_{n}"] for n in names]])
-    written.append(acc_csv)
+    eps_columns = [f"eps_{n}" for n in names]
+
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for name in names:
         xs = [float(r[f"eps_{name}"]) for r in evals]
@@ -93,22 +105,10 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     ax.set_xscale("log")
     ax.set_xlabel(f"epsilon (delta = {delta:g})")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"{config.name}: accuracy vs privacy\n{setting}", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    acc_png = run_dir / "accuracy_vs_epsilon.png"
-    fig.savefig(acc_png, dpi=120)
-    plt.close(fig)
-    written.append(acc_png)
+    title = f"{config.name}: accuracy vs privacy\n{setting}"
+    columns = ["round", "test_accuracy", *eps_columns]
+    written = _save(fig, ax, run_dir / "accuracy_vs_epsilon", title, columns, evals)
 
-    eps_csv = run_dir / "epsilon_vs_rounds.csv"
-    with eps_csv.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["round", *[f"eps_{n}" for n in names]])
-        for r in rows:
-            writer.writerow([r["round"], *[r[f"eps_{n}"] for n in names]])
-    written.append(eps_csv)
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     rounds = [int(r["round"]) for r in rows]
     for name in names:
@@ -117,12 +117,6 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     ax.set_yscale("log")
     ax.set_xlabel("rounds")
     ax.set_ylabel(f"epsilon (delta = {delta:g})")
-    ax.set_title(f"{config.name}: privacy spent\n{setting}", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    eps_png = run_dir / "epsilon_vs_rounds.png"
-    fig.savefig(eps_png, dpi=120)
-    plt.close(fig)
-    written.append(eps_png)
+    title = f"{config.name}: privacy spent\n{setting}"
+    written += _save(fig, ax, run_dir / "epsilon_vs_rounds", title, ["round", *eps_columns], rows)
     return written

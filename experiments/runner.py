@@ -60,7 +60,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import shuffle_opacus
 from shuffle_opacus.data import load_mnist
 
-from .config import ConfigError, ExperimentConfig, validate
+from .config import ConfigError, ExperimentConfig, load_config, validate
 from .curves import CURVE_LABELS, EpsilonCurves
 from .models import build_model
 
@@ -555,8 +555,6 @@ def resume(
     config_path = run_dir / CONFIG_FILE
     if not config_path.exists():
         raise ConfigError(f"--resume {run_dir}: no {CONFIG_FILE} there; is it a run directory?")
-    from .config import load_config
-
     config = load_config(config_path)
     ckpt = run_dir / CHECKPOINT_FILE
     if not ckpt.exists():
