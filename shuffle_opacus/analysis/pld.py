@@ -62,6 +62,8 @@ __all__ = [
     "ldp_shuffle_delta",
     "ldp_shuffle_epsilon",
     "ldp_shuffle_rdp",
+    "subsampled_ldp_shuffle_pld",
+    "subsampled_profile",
     "compose_plds",
     "pmf_from_losses",
 ]
@@ -383,11 +385,13 @@ def ldp_shuffle_epsilon(
     eps0: float | Sequence[float],
     steps: int | Sequence[int] = 1,
     discretization: float = DEFAULT_DISCRETIZATION,
-    tail: float = DEFAULT_TAIL,
+    tail: float | None = None,
 ) -> float:
     """Smallest epsilon on the loss grid with delta(epsilon) <= ``delta`` (PLD accounting).
 
     Arguments as in :func:`ldp_shuffle_delta`, with ``delta`` in ``(0, 1)`` instead of ``eps``.
+    The truncated mass is added to every delta, so by default ``tail`` is
+    ``min(1e-12, 1e-3 delta / rounds)``, keeping it negligible against the target.
 
     Returns:
         epsilon (``inf`` if even the truncated mass exceeds ``delta``).
@@ -396,6 +400,9 @@ def ldp_shuffle_epsilon(
         ValueError: if an argument is out of range.
     """
     delta = check_delta(delta)
+    if tail is None:
+        rounds = sum(si for _, _, si in _schedule(n, eps0, steps))
+        tail = min(DEFAULT_TAIL, 1e-3 * delta / rounds)
     pld = _schedule_pld(n, eps0, steps, discretization, tail)
     return max(0.0, float(pld.get_epsilon_for_delta(delta)))
 
@@ -439,3 +446,128 @@ def ldp_shuffle_rdp(
             acc[i] = np.logaddexp(acc[i], logsumexp(log_p + (alpha - 1.0) * loss))
     acc = np.logaddexp(acc, math.log(tail) + (alphas - 1.0) * eps0)
     return np.minimum(acc / (alphas - 1.0), eps0)
+
+
+def _hockey_stick_curve(first: np.ndarray, second: np.ndarray, alphas: np.ndarray) -> np.ndarray:
+    """``H_a(first || second) = sum (first - a second)_+`` at each ``a``."""
+    with np.errstate(divide="ignore"):
+        ratio = np.where(second > 0, first / second, np.inf)
+    order = np.argsort(-ratio)
+    ratio, first, second = ratio[order], first[order], second[order]
+    cum_first = np.concatenate(([0.0], np.cumsum(first)))
+    cum_second = np.concatenate(([0.0], np.cumsum(second)))
+    # Number of outcomes with ratio > a: they make up the positive part.
+    count = np.searchsorted(-ratio, -alphas, side="left")
+    return np.maximum(cum_first[count] - alphas * cum_second[count], 0.0)
+
+
+def subsampled_profile(
+    alphas: np.ndarray | Sequence[float],
+    *,
+    m: int,
+    eps0: float,
+    rate: float,
+    tail: float = DEFAULT_TAIL,
+) -> np.ndarray:
+    """Privacy profile ``h(a)`` of seed 000 eq. 2.3 for a shuffle of a fixed-size subsample.
+
+    Lemma 7 (Zhu et al. 2022, Proposition 30; substitute relation): if ``(P, Q)`` dominates the
+    shuffler on datasets of ``m = rate * n`` users, the mechanism that shuffles a uniformly random
+    subset of ``m`` of the ``n`` users satisfies ``H_a <= h(a)`` with
+
+        h(a) = max{ H_a(rate P + (1 - rate) Q || Q),  H_a(P || rate Q + (1 - rate) P) }.
+
+    ``(P, Q)`` is the FMT22 pair for ``m`` users, truncated as in Lemma 11; the neglected outcomes
+    carry at most ``tail`` of the first argument's mass, so ``tail`` is added to ``h``.
+
+    Args:
+        alphas: Points ``a >= 0`` (``a = e^eps``).
+        m: Users in each round's subsample, ``>= 1``.
+        eps0: Local privacy parameter, ``> 0``.
+        rate: Sampling ratio ``m / n`` in ``(0, 1]``.
+        tail: Truncated mass, in ``(0, 1)``.
+
+    Returns:
+        ``h`` at each point (clipped to ``[0, 1]``).
+
+    Raises:
+        ValueError: if an argument is out of range.
+    """
+    m = check_int("m", m, minimum=1)
+    eps0 = check_positive("eps0", eps0)
+    rate = check_positive("rate", rate)
+    if rate > 1.0:
+        raise ValueError(f"rate must be in (0, 1]. Found {rate!r}.")
+    tail = _check_tail(tail)
+    a = np.atleast_1d(np.asarray(alphas, dtype=float))
+    if np.any(~np.isfinite(a)) or np.any(a < 0):
+        raise ValueError(f"alphas must be finite numbers >= 0. Found {alphas!r}.")
+    pair = feldman_pair(n=m, eps0=eps0, tail=tail)
+    p, q = np.exp(pair.log_p), np.exp(pair.log_q)
+    first = _hockey_stick_curve(rate * p + (1.0 - rate) * q, q, a)
+    second = _hockey_stick_curve(p, rate * q + (1.0 - rate) * p, a)
+    return np.minimum(np.maximum(first, second) + tail, 1.0)
+
+
+def subsampled_ldp_shuffle_pld(
+    *,
+    n: int,
+    m: int,
+    eps0: float,
+    steps: int = 1,
+    points: int = 1001,
+    eps_range: tuple[float, float] | None = None,
+    discretization: float = DEFAULT_DISCRETIZATION,
+    tail: float = DEFAULT_TAIL,
+) -> PrivacyLossDistribution:
+    """PLD of ``steps`` rounds that each shuffle the reports of ``m`` users drawn from ``n``.
+
+    Seed 000 §3.4: the profile ``h`` of :func:`subsampled_profile` is turned into a discrete
+    dominating pair by the pessimistic connect-the-dots algorithm of Doroshenko et al. (2022,
+    Algorithm 1; ``dp_accounting``'s ``create_pmf_pessimistic_connect_dots``). ``h`` is convex in
+    ``a = e^eps``, so the chords between grid points lie above it and the pair dominates. Past
+    the last grid point the remaining ``h`` goes to loss ``+inf``.
+
+    By default the grid spans ``[-eps_max, eps_max]`` with ``eps_max = log(1 + rate (e^eps0 - 1))``,
+    the largest privacy loss of either mixture in ``h`` (``h`` is ``tail`` beyond it). Seed 000
+    Figure 2 uses ``[-0.25, 0.25]``; pass ``eps_range`` to reproduce it.
+
+    Args:
+        n: Users in the population, ``>= m``.
+        m: Users drawn (uniformly, without replacement) per round, ``>= 1``.
+        eps0: Local privacy parameter, ``> 0``.
+        steps: Rounds, ``>= 1``.
+        points: Grid size ``n_alpha``, ``>= 2``.
+        eps_range: ``(eps_1, eps_{n_alpha})`` of the grid, ``eps_1 < eps_{n_alpha}``.
+        discretization: Loss grid step of the PMF; grid points are rounded to multiples of it.
+        tail: Truncated mass of the underlying pair, in ``(0, 1)``.
+
+    Returns:
+        A symmetric ``PrivacyLossDistribution`` (``h`` bounds both directions).
+
+    Raises:
+        ValueError: if an argument is out of range.
+    """
+    n = check_int("n", n, minimum=1)
+    m = check_int("m", m, minimum=1, maximum=n)
+    eps0 = check_positive("eps0", eps0)
+    steps = check_int("steps", steps, minimum=1)
+    points = check_int("points", points, minimum=2)
+    discretization = _check_discretization(discretization)
+    rate = m / n
+    if eps_range is None:
+        top = math.log1p(rate * math.expm1(eps0))
+        eps_range = (-top, top)
+    try:
+        lo, hi = (float(v) for v in eps_range)
+    except (TypeError, ValueError):
+        raise ValueError(f"eps_range must be a pair of numbers. Found {eps_range!r}.") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"eps_range must be (low, high) with low < high. Found {eps_range!r}.")
+    grid = np.unique(np.round(np.linspace(lo, hi, points) / discretization).astype(np.int64))
+    deltas = subsampled_profile(np.exp(grid * discretization), m=m, eps0=eps0, rate=rate, tail=tail)
+    # h is nonincreasing; enforce it exactly against rounding before the dp_accounting check.
+    deltas = np.minimum.accumulate(deltas)
+    pmf = pld_pmf.create_pmf_pessimistic_connect_dots(discretization, grid, deltas)
+    pld = PrivacyLossDistribution(pmf.to_dense_pmf())
+    return pld if steps == 1 else pld.self_compose(steps)
