@@ -29,6 +29,7 @@ from .analysis.clones import (
     closed_form_limit,
 )
 from .analysis.conversion import OrderCapWarning
+from .analysis.pld import DEFAULT_TAIL, ldp_shuffle_pld, subsampled_ldp_shuffle_pld
 from .protocols import (
     DEFAULT_METHODS,
     PROTOCOLS,
@@ -42,6 +43,7 @@ __all__ = ["main", "build_parser"]
 
 PROG = "shuffle-opacus"
 CLONES_MECHANISMS = ("clones", "clones-gaussian")
+PLD_MECHANISMS = ("ldp-shuffle", "krr")
 T = TypeVar("T")
 
 
@@ -107,11 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
             "subsampled-gaussian it is the noise on the sum divided by its sensitivity. "
             "clones (--eps0) and clones-gaussian (--sigma: noise std over the diameter of the "
             "input domain) are the approximate-DP baselines of Feldman, McMillan & Talwar, "
-            "composed over --steps with the optimal composition theorem."
+            "composed over --steps with the optimal composition theorem. "
+            "ldp-shuffle (--eps0; --m for a random subset of m of the --n users per round) and "
+            "krr (--k, --gamma, --adversary) use privacy loss distributions (dp_accounting, "
+            "pessimistic) of Koskela, Heikkilä & Honkela."
         ),
     )
     acc.add_argument(
-        "mechanism", choices=MECHANISMS + CLONES_MECHANISMS, help="mechanism to account"
+        "mechanism",
+        choices=MECHANISMS + CLONES_MECHANISMS + PLD_MECHANISMS,
+        help="mechanism to account",
     )
     acc.add_argument("--n", type=_int_arg("--n"), help="number of users (integer >= 1)")
     acc.add_argument(
@@ -122,7 +129,18 @@ def build_parser() -> argparse.ArgumentParser:
     acc.add_argument(
         "--eps0",
         type=_float_arg("--eps0", check_positive),
-        help="local epsilon > 0 of each report (clones)",
+        help="local epsilon > 0 of each report (clones, ldp-shuffle)",
+    )
+    acc.add_argument("--k", type=_int_arg("--k", minimum=2), help="krr: domain size (>= 2)")
+    acc.add_argument(
+        "--gamma",
+        type=_float_arg("--gamma", check_probability),
+        help="krr: probability in (0, 1] that a user answers uniformly at random",
+    )
+    acc.add_argument(
+        "--adversary",
+        choices=("strong", "weak"),
+        help="krr: strong (knows who randomised, Balle et al.) or weak (default strong)",
     )
     acc.add_argument("--m", type=_int_arg("--m"), help="users per round (subsampled), 1..n")
     acc.add_argument(
@@ -363,6 +381,11 @@ def _grid(headers: list[str], body: list[list[str]]) -> str:
 
 
 def _account(args: argparse.Namespace) -> int:
+    if args.mechanism in PLD_MECHANISMS:
+        return _account_pld(args)
+    for flag in ("k", "gamma", "adversary"):
+        if getattr(args, flag) is not None:
+            raise CliError(f"--{flag} is an option of the krr mechanism only")
     if args.mechanism in CLONES_MECHANISMS:
         return _account_clones(args)
     if args.sigma is None:
@@ -471,6 +494,73 @@ def _account_clones(args: argparse.Namespace) -> int:
         print(
             "neighbouring: replace-one user; several steps: optimal composition "
             "(Kairouz-Oh-Viswanath) with the best per-step delta"
+        )
+    return 0
+
+
+def _account_pld(args: argparse.Namespace) -> int:
+    krr = args.mechanism == "krr"
+    needed = ("--n", "--k", "--gamma") if krr else ("--n", "--eps0")
+    unwanted = ["--sigma", "--rate", "--method", "--max-order"]
+    unwanted += ["--eps0", "--m"] if krr else ["--k", "--gamma", "--adversary"]
+    for flag in needed:
+        if getattr(args, flag[2:]) is None:
+            raise CliError(f"{flag} is required for the {args.mechanism} mechanism")
+    for flag in unwanted:
+        if getattr(args, flag[2:].replace("-", "_")) is not None:
+            raise CliError(f"{flag} is not an option of the {args.mechanism} mechanism")
+    if args.m is not None and args.m > args.n:
+        raise CliError(f"--m must be an integer in [1, --n = {args.n}]. Found {args.m}.")
+    # The truncated mass of every round is added to delta: keep it far below the target.
+    tail = min(DEFAULT_TAIL, 1e-3 * args.delta / max(args.steps))
+    if krr:
+        from .analysis.krr import krr_pld
+
+        adversary = args.adversary or "strong"
+        base = krr_pld(n=args.n, k=args.k, gamma=args.gamma, adversary=adversary, tail=tail)
+        param: dict[str, object] = {"k": args.k, "gamma": args.gamma, "adversary": adversary}
+    elif args.m is not None:
+        base = subsampled_ldp_shuffle_pld(n=args.n, m=args.m, eps0=args.eps0, tail=tail)
+        param = {"eps0": args.eps0, "m": args.m}
+    else:
+        base = ldp_shuffle_pld(n=args.n, eps0=args.eps0, tail=tail)
+        param = {"eps0": args.eps0}
+    rows = []
+    for steps in args.steps:
+        pld = base if steps == 1 else base.self_compose(steps)
+        eps = max(0.0, float(pld.get_epsilon_for_delta(args.delta)))
+        row: dict[str, object] = {
+            "mechanism": args.mechanism,
+            "n": args.n,
+            **param,
+            "steps": steps,
+            "delta": args.delta,
+            "epsilon": eps if math.isfinite(eps) else None,
+            "accounting": "privacy loss distribution (dp_accounting, pessimistic)",
+            "neighbouring": "replace-one user",
+            "tail": tail,
+        }
+        rows.append(row)
+        if args.json:
+            print(json.dumps(row), flush=True)
+    if not args.json:
+        keys = list(param)
+        headers = ["mechanism", "n", *keys, "steps", "delta", "epsilon"]
+        body = [
+            [
+                str(r["mechanism"]),
+                _fmt(r["n"]),
+                *(_fmt(r[key]) for key in keys),
+                str(r["steps"]),
+                _fmt(r["delta"]),
+                f"{r['epsilon']:.6f}" if r["epsilon"] is not None else "inf",
+            ]
+            for r in rows
+        ]
+        print(_grid(headers, body))
+        print(
+            "neighbouring: replace-one user; privacy loss distributions composed with "
+            f"dp_accounting (pessimistic), truncated mass {tail:.3g} per round added to delta"
         )
     return 0
 

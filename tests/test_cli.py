@@ -324,3 +324,60 @@ def test_clones_errors_are_one_line(capsys, args, fragment):
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1
     assert fragment in err
+
+
+def test_ldp_shuffle_matches_the_maths_layer(capsys):
+    from shuffle_opacus.analysis.pld import ldp_shuffle_epsilon
+
+    code, out, _ = run(
+        capsys, "account", "ldp-shuffle", "--n", "20000", "--eps0", "2", "--delta", "1e-6",
+        "--steps", "1", "4", "--json",
+    )
+    assert code == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["steps"] for r in rows] == [1, 4]
+    for row in rows:
+        expected = ldp_shuffle_epsilon(1e-6, n=20_000, eps0=2.0, steps=row["steps"], tail=1e-12)
+        assert row["epsilon"] == pytest.approx(expected, rel=1e-9)
+        assert row["neighbouring"] == "replace-one user"
+    # Composition can only increase epsilon.
+    assert rows[1]["epsilon"] > rows[0]["epsilon"]
+
+
+def test_ldp_shuffle_subsampled_table(capsys):
+    from shuffle_opacus.analysis.pld import subsampled_ldp_shuffle_pld
+
+    code, out, _ = run(
+        capsys, "account", "ldp-shuffle", "--n", "10000", "--m", "100", "--eps0", "3",
+        "--delta", "1e-6", "--steps", "10",
+    )
+    assert code == 0
+    row = next(line.split() for line in out.splitlines() if line.startswith("ldp-shuffle"))
+    assert row[:5] == ["ldp-shuffle", "10000", "3", "100", "10"]
+    pld = subsampled_ldp_shuffle_pld(n=10_000, m=100, eps0=3.0, steps=10, tail=1e-12)
+    assert float(row[-1]) == pytest.approx(pld.get_epsilon_for_delta(1e-6), abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["ldp-shuffle", "--n", "10"], "--eps0 is required for the ldp-shuffle mechanism"),
+        (["ldp-shuffle", "--eps0", "1"], "--n is required for the ldp-shuffle mechanism"),
+        (["ldp-shuffle", "--n", "10", "--eps0", "1", "--sigma", "1"], "--sigma is not an option"),
+        (["ldp-shuffle", "--n", "10", "--eps0", "1", "--k", "3"], "--k is not an option"),
+        (["ldp-shuffle", "--n", "10", "--eps0", "1", "--m", "11"], "--m must be an integer in"),
+        (["ldp-shuffle", "--n", "10", "--eps0", "0"], "--eps0 must be a finite number > 0"),
+        (["krr", "--n", "10", "--gamma", "0.5"], "--k is required for the krr mechanism"),
+        (["krr", "--n", "10", "--k", "4"], "--gamma is required for the krr mechanism"),
+        (["krr", "--n", "10", "--k", "4", "--gamma", "0.5", "--eps0", "1"], "--eps0 is not an"),
+        (["krr", "--n", "10", "--k", "1", "--gamma", "0.5"], "--k must be an integer >= 2"),
+        (["krr", "--n", "10", "--k", "4", "--gamma", "1.5"], "--gamma must be in (0, 1]"),
+        (["shuffle", "--n", "10", "--sigma", "1", "--k", "4"], "--k is an option of the krr"),
+    ],
+)
+def test_pld_mechanism_errors_are_one_line(capsys, args, fragment):
+    code, out, err = run(capsys, "account", *args)
+    assert code == 2
+    assert out == ""
+    assert fragment in err
+    assert len(err.strip().splitlines()) == 1

@@ -25,6 +25,14 @@ from .conversion import (
     rdp_to_dp,
 )
 from .montecarlo import MonteCarloEstimate, shuffled_gaussian_delta_mc
+from .pld import (
+    compose_plds,
+    ldp_shuffle_delta,
+    ldp_shuffle_epsilon,
+    ldp_shuffle_pld,
+    ldp_shuffle_rdp,
+    subsampled_ldp_shuffle_pld,
+)
 from .shuffle_gaussian import no_shuffle_rdp, shuffle_gaussian_log_excess, shuffle_gaussian_rdp
 from .subsampling import subsampled_shuffle_rdp
 
@@ -45,10 +53,15 @@ __all__ = [
     "compose_best_epsilon",
     "compose_optimal_delta",
     "compose_optimal_epsilon",
+    "compose_plds",
     "compute_epsilon",
     "delta_from_rdp",
     "epsilon_from_rdp",
     "gaussian_rdp",
+    "ldp_shuffle_delta",
+    "ldp_shuffle_epsilon",
+    "ldp_shuffle_pld",
+    "ldp_shuffle_rdp",
     "no_shuffle_rdp",
     "per_step_rdp",
     "poisson_subsampled_gaussian_rdp",
@@ -57,5 +70,6 @@ __all__ = [
     "shuffle_gaussian_rdp",
     "shuffled_gaussian_delta_mc",
     "subsample_dp",
+    "subsampled_ldp_shuffle_pld",
     "subsampled_shuffle_rdp",
 ]
