@@ -332,7 +332,7 @@ def test_ldp_shuffle_matches_the_maths_layer(capsys):
     code, out, _ = run(
         capsys, "account", "ldp-shuffle", "--n", "20000", "--eps0", "2", "--delta", "1e-6",
         "--steps", "1", "4", "--json",
-    )
+    )  # fmt: skip
     assert code == 0
     rows = [json.loads(line) for line in out.splitlines()]
     assert [r["steps"] for r in rows] == [1, 4]
@@ -350,7 +350,7 @@ def test_ldp_shuffle_subsampled_table(capsys):
     code, out, _ = run(
         capsys, "account", "ldp-shuffle", "--n", "10000", "--m", "100", "--eps0", "3",
         "--delta", "1e-6", "--steps", "10",
-    )
+    )  # fmt: skip
     assert code == 0
     row = next(line.split() for line in out.splitlines() if line.startswith("ldp-shuffle"))
     assert row[:5] == ["ldp-shuffle", "10000", "3", "100", "10"]
