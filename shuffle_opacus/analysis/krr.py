@@ -1,0 +1,511 @@
+"""Tight PLD accounting for shuffled k-randomised response (seed 000 §4 and Appendix C).
+
+The local randomiser of Balle et al. (2019) returns the true value in ``[k]`` with probability
+``1 - gamma`` and a uniformly random value in ``[k]`` (possibly the true one) with probability
+``gamma``; it is ``eps0``-LDP with ``eps0 = log(((1 - gamma) k + gamma) / gamma)``
+(:func:`krr_eps0`). The server sees the shuffled reports, i.e. the histogram of the ``n`` values.
+Neighbouring datasets differ in user ``n``: ``x_n = 1`` and ``x'_n = 2`` (w.l.o.g.). ``P`` is the
+law of the adversary's view under ``X``, ``Q`` under ``X'``.
+
+Strong adversary ``A_s`` (seed 000 Def. 12; Balle et al. 2019, Thm. 3.1): it knows
+``x_1..x_{n-1}`` and ``beta in {0,1}^n`` (who answered randomly, user ``n`` included). If
+``beta_n = 1`` (probability ``gamma``) user ``n``'s report is uniform whatever ``x_n``: loss 0.
+If ``beta_n = 0``, removing the known truthful reports leaves counts ``n1 = M1 + 1``,
+``n2 = M2`` under ``X`` (``n1 = M1``, ``n2 = M2 + 1`` under ``X'``), where
+
+    (M1, M2, rest) ~ Multinomial(n - 1; gamma/k, gamma/k, 1 - 2 gamma/k)
+
+are the random reports of the first ``n - 1`` users equal to 1 and 2 (jointly multinomial), and
+``P(V)/Q(V) = n1/n2``. So the remove-direction PLD puts mass ``gamma`` at 0 and, with weight
+``1 - gamma``, the law of ``log((M1 + 1)/M2)`` (``+inf`` at ``M2 = 0``); the add direction is
+``log((M2 + 1)/M1)`` under the same latent law.
+
+Weak adversary ``A_w`` (seed 000 Def. 14, Theorem 15 and eqs. C.2–C.3): ``beta`` is known only
+for the first ``n - 1`` users. The statistic ``(B, n1, n2)`` is sufficient: ``B ~ Bin(n-1, gamma)``
+random responders among the first ``n - 1``; given ``B = b``, ``(M1, M2) ~ Multinomial(b; 1/k,
+1/k, 1 - 2/k)``; user ``n``'s report ``Y`` is 1 w.p. ``1 - gamma + gamma/k``, 2 w.p. ``gamma/k`` and
+another value w.p. ``(k - 2) gamma/k`` under ``X`` (1 and 2 swap under ``X'``); ``n1 = M1 +
+[Y = 1]``, ``n2 = M2 + [Y = 2]``. The masses ``P(b, n1, n2)`` and ``Q(b, n1, n2)`` are computed
+from this model in log space (three mixture components) and the loss is ``log P - log Q``; the
+paper's closed form of the ratio,
+
+    P/Q = (n1 (1 - gamma) + gamma (b + 1)/k) / (n2 (1 - gamma) + gamma (b + 1)/k),
+
+is a check in the tests, not an input. For ``k = 2`` the third category has probability 0.
+
+Both PLDs are exact for their adversary (the loss is a function of the statistic, so its law
+under ``P`` is the PLD of the full views). Compositions of ``steps`` rounds are the
+``steps``-fold convolution (seed 000 Theorems 13 and 16, via Zhu et al. 2022), computed by
+``dp_accounting`` (FFT, pessimistic). ``delta(eps)`` is the hockey-stick divergence
+``H_{e^eps}`` of the composition, the larger of the two directions.
+
+Truncation: only the bulk of the latent variables is enumerated. Each binomial coordinate is
+restricted to its exact quantile range (``scipy.stats.binom.ppf`` / ``isf``) and the mass left out
+is evaluated exactly with ``binom.cdf`` / ``binom.sf``; the union bound over the coordinates gives
+a bound on the mass of the latent points not enumerated (budget ``tail``: ``A_s``: ``tail/2`` for
+each of ``M1`` and ``M2`` marginally ``Bin(n-1, gamma/k)``, times ``1 - gamma``; ``A_w``:
+``tail/2`` for ``B``, and given ``B = b``, ``tail/4`` for each of ``M1`` and ``M2``, marginally
+``Bin(b, 1/k)``). The outcome grid is widened by one in ``n1`` and ``n2`` so that every outcome
+of an enumerated latent point (any ``Y``, either dataset) is enumerated; hence the outcomes not
+enumerated have mass at most that bound under ``P`` and under ``Q`` (the latent law is the same
+under both). The bound (times ``1 + 1e-9`` for floating-point error in ``cdf``/``sf``) is passed to
+``dp_accounting`` as ``infinity_mass``, which adds it to every delta. Outcome counts, for fixed
+``k``, ``gamma`` and ``tail``: ``O(n)`` for ``A_s`` (a square of side ``O(sqrt(n gamma/k
+log(1/tail)))``) and ``O(n^{3/2})`` for ``A_w`` (such a square for each of ``O(sqrt(n))`` values
+of ``b``). At ``n = 1000``, ``k = 4``, ``gamma = 0.25``: about 1.2e4 outcomes and a few
+milliseconds for ``A_s``, 2e6 outcomes and about 0.4 s for ``A_w`` (``n = 10^4``: about 7 s). The
+``A_w`` grid is processed in chunks of whole ``b`` values and each chunk is pre-binned on the loss
+grid, so memory stays bounded.
+
+Small cases: for ``n = 1`` the weak adversary sees one k-RR report, so ``delta(eps) = max(0,
+1 - gamma + gamma/k - e^eps gamma/k)``; the strong adversary learns ``beta_1``, and ``beta_1 = 0``
+(probability ``1 - gamma``) reveals ``x_1``: ``delta(eps) = 1 - gamma`` for every ``eps``. For
+``gamma = 1`` both PLDs are a point mass at 0.
+
+Discretisation: losses are rounded up to multiples of ``discretization`` by
+:func:`~shuffle_opacus.analysis.pld.pmf_from_losses` (pessimistic), so every delta returned is an
+upper bound on the exact one up to floating-point error.
+
+:func:`krr_tail_delta` gives the quantity the paper plots (Theorems 13/16): ``P(Z >= eps)`` for
+one round. It is an upper bound on the hockey-stick delta, since
+``H_{e^eps} = E[(1 - e^{eps - L})_+] <= P(L >= eps)``; the PLD route is tighter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+from scipy.special import gammaln, xlogy
+from scipy.stats import binom
+
+from ._validation import check_delta, check_int, check_nonnegative, check_probability
+from .pld import (
+    DEFAULT_DISCRETIZATION,
+    DEFAULT_TAIL,
+    _check_discretization,
+    _check_tail,
+    pmf_from_losses,
+)
+
+__all__ = [
+    "KRR_ADVERSARIES",
+    "krr_eps0",
+    "krr_pld",
+    "krr_delta",
+    "krr_epsilon",
+    "krr_tail_delta",
+]
+
+KRR_ADVERSARIES = ("strong", "weak")
+# Outcomes of the weak adversary enumerated per chunk (whole values of b per chunk).
+_CHUNK_POINTS = 2_000_000
+# Relative margin on the truncated mass computed from binom.cdf / binom.sf.
+_TAIL_MARGIN = 1.0 + 1e-9
+
+
+def _check_adversary(value: object) -> str:
+    if not isinstance(value, str) or value not in KRR_ADVERSARIES:
+        allowed = ", ".join(repr(a) for a in KRR_ADVERSARIES)
+        raise ValueError(f"adversary must be one of {allowed}. Found {value!r}.")
+    return value
+
+
+def _check_common(n: object, k: object, gamma: object) -> tuple[int, int, float]:
+    return (
+        check_int("n", n, minimum=1),
+        check_int("k", k, minimum=2),
+        check_probability("gamma", gamma),
+    )
+
+
+def krr_eps0(*, k: int, gamma: float) -> float:
+    """Local privacy level of k-randomised response: ``log(((1 - gamma) k + gamma) / gamma)``.
+
+    The largest likelihood ratio of one report is ``(1 - gamma + gamma/k) / (gamma/k)``.
+
+    Args:
+        k: Domain size, an integer ``>= 2``.
+        gamma: Probability of answering uniformly at random, in ``(0, 1]``.
+
+    Returns:
+        ``eps0`` (0 when ``gamma = 1``).
+
+    Raises:
+        ValueError: if an argument is out of range.
+    """
+    k = check_int("k", k, minimum=2)
+    gamma = check_probability("gamma", gamma)
+    return math.log(((1.0 - gamma) * k + gamma) / gamma)
+
+
+def _binom_range(
+    trials: np.ndarray, prob: float, side: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exact quantile range ``[lo, hi]`` of ``Bin(trials, prob)`` and the mass outside it.
+
+    ``lo`` is the smallest value with ``cdf(lo) >= side`` and ``hi`` the smallest with
+    ``sf(hi) <= side``, so each side leaves out less than about ``side``; the mass left out,
+    ``cdf(lo - 1) + sf(hi)``, is returned as evaluated (not the nominal ``2 side``).
+    """
+    trials = np.atleast_1d(np.asarray(trials, dtype=np.int64))
+    lo = np.nan_to_num(binom.ppf(side, trials, prob), nan=0.0)
+    hi = np.nan_to_num(binom.isf(side, trials, prob), nan=0.0)
+    lo = np.clip(lo, 0, trials).astype(np.int64)
+    hi = np.clip(hi, lo, trials).astype(np.int64)
+    out = binom.cdf(lo - 1, trials, prob) + binom.sf(hi, trials, prob)
+    return lo, hi, np.maximum(out, 0.0)
+
+
+def _log_trinomial(
+    total: np.ndarray,
+    m1: np.ndarray,
+    m2: np.ndarray,
+    log_p12: float,
+    p_rest: float,
+    log_fact: np.ndarray,
+) -> np.ndarray:
+    """Return ``log`` of the ``Multinomial(total; p, p, p_rest)`` pmf at ``(m1, m2, rest)``.
+
+    ``rest = total - m1 - m2``, ``log_p12 = log p`` and ``log_fact[j] = log(j!)`` for every count
+    that occurs. The value is ``-inf`` where a count is negative, or where ``p_rest = 0`` and
+    ``rest > 0`` (``xlogy``).
+    """
+    rest = total - m1 - m2
+    ok = (m1 >= 0) & (m2 >= 0) & (rest >= 0)
+    m1c, m2c, rc = (np.where(ok, v, 0) for v in (m1, m2, rest))
+    val = (
+        log_fact[total]
+        - log_fact[m1c]
+        - log_fact[m2c]
+        - log_fact[rc]
+        + (m1c + m2c) * log_p12
+        + xlogy(rc, p_rest)
+    )
+    return np.where(ok, val, -np.inf)
+
+
+def _strong_latent(
+    n: int, k: int, gamma: float, tail: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Enumerate ``(M1, M2)`` with ``log P(M1, M2)``; also return the mass of the pairs left out."""
+    p = gamma / k
+    lo, hi, out = _binom_range(np.array([n - 1]), p, tail / 4.0)
+    vals = np.arange(int(lo[0]), int(hi[0]) + 1)
+    m1, m2 = (a.ravel() for a in np.meshgrid(vals, vals, indexing="ij"))
+    log_fact = gammaln(np.arange(n + 1) + 1.0)
+    log_mass = _log_trinomial(
+        np.full(m1.shape, n - 1), m1, m2, math.log(p), 1.0 - 2.0 * p, log_fact
+    )
+    keep = log_mass > -np.inf
+    return m1[keep], m2[keep], log_mass[keep], 2.0 * float(out[0])
+
+
+def _strong_outcomes(
+    n: int, k: int, gamma: float, tail: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    """Losses and masses of both directions for ``A_s``, plus the truncated-mass bound.
+
+    Returns ``(loss_remove, mass_remove, loss_add, mass_add, neglected)``. The ``beta_n = 1``
+    branch is the first entry (loss 0, mass ``gamma``).
+    """
+    m1, m2, log_mass, out = _strong_latent(n, k, gamma, tail)
+    mass = np.concatenate([[gamma], (1.0 - gamma) * np.exp(log_mass)])
+    safe_m1, safe_m2 = np.maximum(m1, 1), np.maximum(m2, 1)
+    remove = np.where(m2 > 0, np.log((m1 + 1.0) / safe_m2), np.inf)
+    add = np.where(m1 > 0, np.log((m2 + 1.0) / safe_m1), np.inf)
+    loss_remove = np.concatenate([[0.0], remove])
+    loss_add = np.concatenate([[0.0], add])
+    return loss_remove, mass, loss_add, mass, (1.0 - gamma) * out * _TAIL_MARGIN
+
+
+def _weak_plan(
+    n: int, k: int, gamma: float, tail: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    """Enumerate ``b`` with ``log P(B = b)`` and each ``M``-range; return the left-out mass too."""
+    b_lo, b_hi, b_out = _binom_range(np.array([n - 1]), gamma, tail / 4.0)
+    bs = np.arange(int(b_lo[0]), int(b_hi[0]) + 1)
+    log_pb = binom.logpmf(bs, n - 1, gamma)
+    m_lo, m_hi, m_out = _binom_range(bs, 1.0 / k, tail / 8.0)
+    neglected = float(b_out[0]) + 2.0 * float(np.sum(np.exp(log_pb) * m_out))
+    return bs, log_pb, m_lo, m_hi, neglected * _TAIL_MARGIN
+
+
+def _weak_chunks(n: int, k: int, gamma: float, tail: float) -> Iterator[tuple[np.ndarray, ...]]:
+    """Yield ``(b, n1, n2, log_p, log_q)`` over the enumerated ``A_w`` outcomes, by whole ``b``.
+
+    Outcomes ``(n1, n2)`` range over ``[lo(b), hi(b) + 1]^2`` with ``n1 + n2 <= b + 1``, which
+    contains every outcome of an enumerated latent ``(b, M1, M2)``.
+    """
+    bs, log_pb, m_lo, m_hi, _ = _weak_plan(n, k, gamma, tail)
+    w_true = math.log(1.0 - gamma + gamma / k)
+    w_other = math.log(gamma / k)
+    # (1 - 2/k) for the rest of the b random reports, (k - 2) gamma/k for Y outside {1, 2}.
+    log_p12 = -math.log(k)
+    p_rest = 1.0 - 2.0 / k
+    w_rest = math.log((k - 2) * gamma / k) if k > 2 else -np.inf
+    log_fact = gammaln(np.arange(n + 2) + 1.0)
+    widths = (m_hi - m_lo + 2) ** 2
+    ends = np.cumsum(widths)
+    first = 0
+    while first < bs.size:
+        last = int(np.searchsorted(ends, ends[first] - widths[first] + _CHUNK_POINTS, "right"))
+        last = max(last, first + 1)
+        parts = []
+        for i in range(first, last):
+            vals = np.arange(int(m_lo[i]), int(m_hi[i]) + 2)
+            a1, a2 = (a.ravel() for a in np.meshgrid(vals, vals, indexing="ij"))
+            keep = a1 + a2 <= bs[i] + 1
+            parts.append((np.full(int(keep.sum()), bs[i]), a1[keep], a2[keep]))
+        b, n1, n2 = (np.concatenate([p[j] for p in parts]) for j in range(3))
+        base = np.repeat(log_pb[first:last], [p[0].size for p in parts])
+        t_y1 = _log_trinomial(b, n1 - 1, n2, log_p12, p_rest, log_fact)  # Y = 1
+        t_y2 = _log_trinomial(b, n1, n2 - 1, log_p12, p_rest, log_fact)  # Y = 2
+        t_rest = _log_trinomial(b, n1, n2, log_p12, p_rest, log_fact)  # Y elsewhere
+        mix_rest = w_rest + t_rest if k > 2 else np.full(b.shape, -np.inf)
+        log_p = base + np.logaddexp(np.logaddexp(w_true + t_y1, w_other + t_y2), mix_rest)
+        log_q = base + np.logaddexp(np.logaddexp(w_other + t_y1, w_true + t_y2), mix_rest)
+        keep = (log_p > -np.inf) | (log_q > -np.inf)
+        yield b[keep], n1[keep], n2[keep], log_p[keep], log_q[keep]
+        first = last
+
+
+def _weak_loss(log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
+    """``log P - log Q`` with ``+inf`` where only ``Q`` vanishes (never both, by construction)."""
+    return np.where(log_q > -np.inf, log_p - np.where(log_q > -np.inf, log_q, 0.0), np.inf)
+
+
+def _bin_max(
+    loss: np.ndarray, mass: np.ndarray, discretization: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Group outcomes by their rounded-up loss bin: the bin's largest loss and its total mass.
+
+    ``pmf_from_losses`` rounds the largest loss of a bin to that same bin, so feeding it these
+    pairs gives the same PMF as feeding it every outcome. ``+inf`` losses pass through as one.
+    """
+    finite = np.isfinite(loss)
+    inf_mass = float(mass[loss == np.inf].sum())
+    loss, mass = loss[finite], mass[finite]
+    if loss.size == 0:
+        return np.array([np.inf]), np.array([inf_mass])
+    idx = np.ceil(loss / discretization).astype(np.int64)
+    idx -= idx.min()
+    top = np.full(int(idx.max()) + 1, -np.inf)
+    np.maximum.at(top, idx, loss)
+    tot = np.bincount(idx, weights=mass, minlength=top.size)
+    used = top > -np.inf
+    return np.append(top[used], np.inf), np.append(tot[used], inf_mass)
+
+
+def _weak_binned(
+    n: int, k: int, gamma: float, tail: float, discretization: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    """``(loss_remove, mass_remove, loss_add, mass_add, neglected)`` for ``A_w``, pre-binned."""
+    rem_l, rem_m, add_l, add_m = [], [], [], []
+    for _, _, _, log_p, log_q in _weak_chunks(n, k, gamma, tail):
+        loss = _weak_loss(log_p, log_q)
+        r = _bin_max(loss, np.exp(log_p), discretization)
+        a = _bin_max(_weak_loss(log_q, log_p), np.exp(log_q), discretization)
+        rem_l.append(r[0])
+        rem_m.append(r[1])
+        add_l.append(a[0])
+        add_m.append(a[1])
+    neglected = _weak_plan(n, k, gamma, tail)[4]
+    return (
+        np.concatenate(rem_l),
+        np.concatenate(rem_m),
+        np.concatenate(add_l),
+        np.concatenate(add_m),
+        neglected,
+    )
+
+
+def krr_pld(
+    *,
+    n: int,
+    k: int,
+    gamma: float,
+    adversary: str = "strong",
+    steps: int = 1,
+    discretization: float = DEFAULT_DISCRETIZATION,
+    tail: float = DEFAULT_TAIL,
+) -> PrivacyLossDistribution:
+    """PLD of ``steps`` rounds of shuffled k-RR against adversary ``A_s`` or ``A_w``.
+
+    Args:
+        n: Users per round, ``>= 1``.
+        k: Domain size, an integer ``>= 2``.
+        gamma: Probability that a user answers uniformly at random, in ``(0, 1]``.
+        adversary: ``"strong"`` (``A_s``, knows every ``beta_i``) or ``"weak"`` (``A_w``, not
+            ``beta_n``).
+        steps: Number of rounds, ``>= 1``.
+        discretization: Loss grid step, in ``(0, 1]``.
+        tail: Budget for the truncated mass per round, in ``(0, 1)``; the bound on the mass
+            actually left out (at most about ``tail``) is added to every delta.
+
+    Returns:
+        A ``dp_accounting`` ``PrivacyLossDistribution`` with remove (``log P/Q`` under ``P``)
+        and add (``log Q/P`` under ``Q``) directions.
+
+    Raises:
+        ValueError: if an argument is out of range.
+    """
+    n, k, gamma = _check_common(n, k, gamma)
+    adversary = _check_adversary(adversary)
+    steps = check_int("steps", steps, minimum=1)
+    discretization = _check_discretization(discretization)
+    tail = _check_tail(tail)
+    if adversary == "strong":
+        loss_r, mass_r, loss_a, mass_a, neglected = _strong_outcomes(n, k, gamma, tail)
+    else:
+        loss_r, mass_r, loss_a, mass_a, neglected = _weak_binned(n, k, gamma, tail, discretization)
+    pld = PrivacyLossDistribution(
+        pmf_from_losses(loss_r, mass_r, infinity_mass=neglected, discretization=discretization),
+        pmf_from_losses(loss_a, mass_a, infinity_mass=neglected, discretization=discretization),
+    )
+    return pld if steps == 1 else pld.self_compose(steps)
+
+
+def krr_delta(
+    eps: float,
+    *,
+    n: int,
+    k: int,
+    gamma: float,
+    adversary: str = "strong",
+    steps: int = 1,
+    discretization: float = DEFAULT_DISCRETIZATION,
+    tail: float = DEFAULT_TAIL,
+) -> float:
+    """Upper bound on the tight ``delta(eps)`` of ``steps`` rounds of shuffled k-RR.
+
+    Args:
+        eps: Target epsilon, ``>= 0``.
+        n: Users per round, ``>= 1``.
+        k: Domain size, an integer ``>= 2``.
+        gamma: Probability that a user answers uniformly at random, in ``(0, 1]``.
+        adversary: One of :data:`KRR_ADVERSARIES` (see :func:`krr_pld`).
+        steps: Number of rounds, ``>= 1``.
+        discretization: Loss grid step, in ``(0, 1]``.
+        tail: Budget for the truncated mass per round, in ``(0, 1)``.
+
+    Returns:
+        delta, the larger of the remove and add directions (at most 1).
+
+    Raises:
+        ValueError: if an argument is out of range.
+    """
+    eps = check_nonnegative("eps", eps)
+    pld = krr_pld(
+        n=n,
+        k=k,
+        gamma=gamma,
+        adversary=adversary,
+        steps=steps,
+        discretization=discretization,
+        tail=tail,
+    )
+    return float(min(1.0, pld.get_delta_for_epsilon(eps)))
+
+
+def krr_epsilon(
+    delta: float,
+    *,
+    n: int,
+    k: int,
+    gamma: float,
+    adversary: str = "strong",
+    steps: int = 1,
+    discretization: float = DEFAULT_DISCRETIZATION,
+    tail: float = DEFAULT_TAIL,
+) -> float:
+    """Smallest epsilon on the loss grid with ``delta(epsilon) <= delta`` for shuffled k-RR.
+
+    Args:
+        delta: Target delta, in ``(0, 1)``.
+        n: Users per round, ``>= 1``.
+        k: Domain size, an integer ``>= 2``.
+        gamma: Probability that a user answers uniformly at random, in ``(0, 1]``.
+        adversary: One of :data:`KRR_ADVERSARIES` (see :func:`krr_pld`).
+        steps: Number of rounds, ``>= 1``.
+        discretization: Loss grid step, in ``(0, 1]``.
+        tail: Budget for the truncated mass per round, in ``(0, 1)``.
+
+    Returns:
+        epsilon, clamped at 0 (``inf`` if ``delta`` is below the mass at infinite loss, e.g.
+        ``1 - gamma`` for the strong adversary with ``n = 1``).
+
+    Raises:
+        ValueError: if an argument is out of range.
+    """
+    delta = check_delta(delta)
+    pld = krr_pld(
+        n=n,
+        k=k,
+        gamma=gamma,
+        adversary=adversary,
+        steps=steps,
+        discretization=discretization,
+        tail=tail,
+    )
+    return max(0.0, float(pld.get_epsilon_for_delta(delta)))
+
+
+def krr_tail_delta(
+    eps: float,
+    *,
+    n: int,
+    k: int,
+    gamma: float,
+    adversary: str = "strong",
+    tail: float = DEFAULT_TAIL,
+) -> float:
+    """Return the paper's one-round bound ``P(Z >= eps)`` (seed 000 Theorems 13 and 16).
+
+    Strong adversary (Theorem 13, eq. C.7): ``Z = log(N1/N2)`` with ``N1 = M1 + 1``, ``N2 = M2``
+    and ``(M1, M2)`` *jointly* multinomial, ``Multinomial(n - 1; gamma/k, gamma/k, ...)``: both
+    count the random reports of the same ``n - 1`` users, one of whom cannot report both 1 and
+    2, which is the law Balle et al.'s proof conditions on (the paper's "``Bin(n-1, gamma/k)``"
+    gives the marginals only). As in the paper, the ``beta_n = 1`` branch is ignored: the
+    probability is not multiplied by ``1 - gamma`` (``Z = +inf`` when ``M2 = 0``).
+
+    Weak adversary (Theorem 16): ``Z`` is the privacy loss ``log P(b, n1, n2)/Q(b, n1, n2)`` under
+    ``P``, with the joint law of ``(B, n1, n2)`` of the proof of Theorem 15 (eq. C.2).
+
+    This is what seed 000 plots (Figure 4, through its Fourier accountant). It bounds the
+    hockey-stick delta of :func:`krr_delta` from above: ``H_{e^eps} = E[(1 - e^{eps - L})_+]
+    <= P(L >= eps)`` (and for ``A_s`` the omitted factor ``1 - gamma`` only adds). The PLD route
+    is therefore tighter. Ties ``Z = eps`` count (relative tolerance ``1e-12``), and the bound on
+    the truncated mass is added, so the value returned is an upper bound on ``P(Z >= eps)``.
+
+    Args:
+        eps: Target epsilon, ``>= 0``.
+        n: Users per round, ``>= 1``.
+        k: Domain size, an integer ``>= 2``.
+        gamma: Probability that a user answers uniformly at random, in ``(0, 1]``.
+        adversary: One of :data:`KRR_ADVERSARIES` (see :func:`krr_pld`).
+        tail: Budget for the truncated mass, in ``(0, 1)``.
+
+    Returns:
+        ``P(Z >= eps)`` plus the truncated-mass bound, at most 1.
+
+    Raises:
+        ValueError: if an argument is out of range.
+    """
+    eps = check_nonnegative("eps", eps)
+    n, k, gamma = _check_common(n, k, gamma)
+    adversary = _check_adversary(adversary)
+    tail = _check_tail(tail)
+    threshold = eps - 1e-12 * max(1.0, eps)
+    if adversary == "strong":
+        m1, m2, log_mass, out = _strong_latent(n, k, gamma, tail)
+        z = np.where(m2 > 0, np.log((m1 + 1.0) / np.maximum(m2, 1)), np.inf)
+        total = float(np.exp(log_mass[z >= threshold]).sum()) + out * _TAIL_MARGIN
+    else:
+        total = _weak_plan(n, k, gamma, tail)[4]
+        for _, _, _, log_p, log_q in _weak_chunks(n, k, gamma, tail):
+            z = _weak_loss(log_p, log_q)
+            total += float(np.exp(log_p[z >= threshold]).sum())
+    return min(1.0, total)
