@@ -24,6 +24,8 @@ from .conversion import (
     epsilon_from_rdp,
     rdp_to_dp,
 )
+from .girgis import girgis_epsilon, girgis_rdp, girgis_subsampled_rdp
+from .krr import KRR_ADVERSARIES, krr_delta, krr_eps0, krr_epsilon, krr_pld, krr_tail_delta
 from .montecarlo import MonteCarloEstimate, shuffled_gaussian_delta_mc
 from .pld import (
     compose_plds,
@@ -58,6 +60,15 @@ __all__ = [
     "delta_from_rdp",
     "epsilon_from_rdp",
     "gaussian_rdp",
+    "girgis_epsilon",
+    "girgis_rdp",
+    "girgis_subsampled_rdp",
+    "KRR_ADVERSARIES",
+    "krr_delta",
+    "krr_eps0",
+    "krr_epsilon",
+    "krr_pld",
+    "krr_tail_delta",
     "ldp_shuffle_delta",
     "ldp_shuffle_epsilon",
     "ldp_shuffle_pld",
