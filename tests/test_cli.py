@@ -381,3 +381,21 @@ def test_pld_mechanism_errors_are_one_line(capsys, args, fragment):
     assert out == ""
     assert fragment in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("adversary", ["strong", "weak"])
+def test_krr_matches_the_maths_layer(capsys, adversary):
+    from shuffle_opacus.analysis.krr import krr_epsilon
+
+    code, out, _ = run(
+        capsys, "account", "krr", "--n", "300", "--k", "4", "--gamma", "0.25",
+        "--adversary", adversary, "--delta", "1e-6", "--steps", "1", "5", "--json",
+    )  # fmt: skip
+    assert code == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    for row in rows:
+        assert row["adversary"] == adversary
+        expected = krr_epsilon(
+            1e-6, n=300, k=4, gamma=0.25, adversary=adversary, steps=row["steps"], tail=1e-12
+        )
+        assert row["epsilon"] == pytest.approx(expected, rel=1e-9)
