@@ -225,7 +225,7 @@ FIGURES: dict[int, tuple[Callable[[], list[Row]], str, str, str, bool]] = {
         "Subsampled shuffler, n=10^6, gamma=0.01, eps0=2",
         "compositions",
         "epsilon",
-        False,
+        True,
     ),
     4: (figure4, "Shuffled k-RR, n=1000, gamma=0.25, k=4", "epsilon", "delta", True),
     5: (figure5, "Shuffled Gaussian, sigma=2: Monte Carlo vs RDP", "epsilon", "delta", True),
