@@ -30,6 +30,7 @@ from shuffle_opacus.analysis import (  # noqa: E402
     compute_epsilon,
     shuffle_gaussian_rdp,
 )
+from shuffle_opacus.analysis.pld import feldman_pair, ldp_shuffle_epsilon  # noqa: E402
 from tests.oracles import theorem1_rdp_partitions  # noqa: E402
 
 TABLE1_PAPER = [0.22820, 0.22820, 0.22821, 0.22821, 0.22821, 0.22822, 0.22822]
@@ -127,6 +128,15 @@ def main() -> None:
     for n, eps0 in ((100_000, 4.0), (10**6, 4.0), (10**6, 1.0), (10**7, 1.0)):
         res, secs = timed(lambda n=n, eps0=eps0: clones_epsilon(n=n, eps0=eps0, delta=1e-6))
         print(f"| {n:,} | {eps0:g} | {res.upper:.7f} | {res.lower:.7f} | {secs:.3f} |")
+
+    print("\n## PLD of shuffled eps0-LDP reports (FMT22 pair, Lemma 11), delta = 1e-6, one round")
+    print("| n | eps0 | PLD epsilon | clones upper | outcomes | time (s) |")
+    print("|---|---|---|---|---|---|")
+    for n, eps0 in ((10_000, 4.0), (100_000, 4.0), (10**6, 4.0), (10**6, 1.0)):
+        eps, secs = timed(lambda n=n, eps0=eps0: ldp_shuffle_epsilon(1e-6, n=n, eps0=eps0))
+        size = feldman_pair(n=n, eps0=eps0).loss.size
+        clones = clones_epsilon(n=n, eps0=eps0, delta=1e-6).upper
+        print(f"| {n:,} | {eps0:g} | {eps:.6f} | {clones:.6f} | {size:,} | {secs:.2f} |")
 
 
 if __name__ == "__main__":
