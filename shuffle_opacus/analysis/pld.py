@@ -81,6 +81,17 @@ def _check_discretization(value: object) -> float:
     return d
 
 
+MAX_EPS0 = 100.0
+"""Largest local epsilon accepted: the loss grid spans [-eps0, eps0] (2e6 bins at eps0 = 100)."""
+
+
+def _check_eps0(value: object) -> float:
+    e = check_positive("eps0", value)
+    if e > MAX_EPS0:
+        raise ValueError(f"eps0 must be a finite number in (0, {MAX_EPS0:g}]. Found {value!r}.")
+    return e
+
+
 def _check_tail(value: object) -> float:
     t = check_positive("tail", value)
     if t >= 1.0:
@@ -224,7 +235,7 @@ def feldman_pair(*, n: int, eps0: float, tail: float = DEFAULT_TAIL) -> FeldmanP
         ValueError: if an argument is out of range.
     """
     n = check_int("n", n, minimum=1)
-    eps0 = check_positive("eps0", eps0)
+    eps0 = _check_eps0(eps0)
     tail = _check_tail(tail)
     parts = list(_chunks(n, eps0, tail))
     return FeldmanPair(*(np.concatenate([part[i] for part in parts]) for i in range(3)), tail)
@@ -276,7 +287,7 @@ def ldp_shuffle_pld(
         ValueError: if an argument is out of range.
     """
     n = check_int("n", n, minimum=1)
-    eps0 = check_positive("eps0", eps0)
+    eps0 = _check_eps0(eps0)
     steps = check_int("steps", steps, minimum=1)
     discretization = _check_discretization(discretization)
     tail = _check_tail(tail)
@@ -320,7 +331,7 @@ def _schedule(
     return [
         (
             check_int("n", seqs[0][i], minimum=1),
-            check_positive("eps0", seqs[1][i]),
+            _check_eps0(seqs[1][i]),
             check_int("steps", seqs[2][i], minimum=1),
         )
         for i in range(length)
@@ -433,7 +444,7 @@ def ldp_shuffle_rdp(
         ValueError: if an argument is out of range.
     """
     n = check_int("n", n, minimum=1)
-    eps0 = check_positive("eps0", eps0)
+    eps0 = _check_eps0(eps0)
     alphas = np.atleast_1d(np.asarray(orders, dtype=float))
     if alphas.ndim != 1 or alphas.size == 0 or np.any(~np.isfinite(alphas)) or np.any(alphas <= 1):
         raise ValueError(f"orders must be finite numbers > 1. Found {orders!r}.")
@@ -494,7 +505,7 @@ def subsampled_profile(
         ValueError: if an argument is out of range.
     """
     m = check_int("m", m, minimum=1)
-    eps0 = check_positive("eps0", eps0)
+    eps0 = _check_eps0(eps0)
     rate = check_positive("rate", rate)
     if rate > 1.0:
         raise ValueError(f"rate must be in (0, 1]. Found {rate!r}.")
@@ -550,7 +561,7 @@ def subsampled_ldp_shuffle_pld(
     """
     n = check_int("n", n, minimum=1)
     m = check_int("m", m, minimum=1, maximum=n)
-    eps0 = check_positive("eps0", eps0)
+    eps0 = _check_eps0(eps0)
     steps = check_int("steps", steps, minimum=1)
     points = check_int("points", points, minimum=2)
     discretization = _check_discretization(discretization)

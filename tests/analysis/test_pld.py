@@ -319,6 +319,7 @@ def test_grid_refinement_never_loosens() -> None:
         ({"n": 2.5, "eps0": 1.0}, "n must be an integer"),
         ({"n": 10, "eps0": 0.0}, "eps0 must be a finite number > 0"),
         ({"n": 10, "eps0": float("inf")}, "eps0 must be a finite number > 0"),
+        ({"n": 10, "eps0": 800.0}, r"eps0 must be a finite number in \(0, 100\]"),
         ({"n": 10, "eps0": 1.0, "steps": 0}, "steps must be an integer >= 1"),
         ({"n": 10, "eps0": 1.0, "tail": 1.0}, r"tail must be in \(0, 1\)"),
         ({"n": 10, "eps0": 1.0, "discretization": 2.0}, r"discretization must be in \(0, 1\]"),
