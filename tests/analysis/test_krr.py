@@ -277,3 +277,24 @@ def test_n_1000_is_fast():
     for adversary in KRR_ADVERSARIES:
         krr_pld(n=1000, k=4, gamma=0.25, adversary=adversary)
     assert time.perf_counter() - start < 5.0
+
+
+@pytest.mark.parametrize("adversary", KRR_ADVERSARIES)
+def test_reported_neglected_mass_covers_what_is_left_out(adversary):
+    # With a coarse tail the left-out mass is large enough (>1e-5) that an under-reported
+    # bound would show: kept mass + reported bound must reach 1 under P and under Q.
+    n, k, gamma, tail = 300, 4, 0.25, 1e-3
+    if adversary == "strong":
+        _, mass, _, _, neglected = _strong_outcomes(n, k, gamma, tail)
+        totals = [math.fsum(mass)]
+    else:
+        neglected = _weak_plan(n, k, gamma, tail)[4]
+        total_p = total_q = 0.0
+        for _, _, _, log_p, log_q in _weak_chunks(n, k, gamma, tail):
+            total_p += math.fsum(np.exp(log_p))
+            total_q += math.fsum(np.exp(log_q))
+        totals = [total_p, total_q]
+    assert 1e-5 < neglected <= tail * (1 + 1e-6)
+    for total in totals:
+        assert total + neglected >= 1 - 1e-12
+        assert total <= 1 + 1e-12
