@@ -113,25 +113,15 @@ def figure2() -> list[Row]:
         pld = subsampled_ldp_shuffle_pld(
             n=n, m=m, eps0=eps0, points=points, eps_range=(-0.25, 0.25)
         )
-        many = pld.self_compose(100)
-        rows += [
-            {
-                "panel": "1 round",
-                "curve": f"connect-the-dots, n_alpha={points}",
-                "x": float(e),
-                "y": pld.get_delta_for_epsilon(e),
-            }
-            for e in eps_one
-        ]
-        rows += [
-            {
-                "panel": "100 rounds",
-                "curve": f"connect-the-dots, n_alpha={points}",
-                "x": float(e),
-                "y": many.get_delta_for_epsilon(e),
-            }
-            for e in eps_many
-        ]
+        for panel, dist, grid in (
+            ("1 round", pld, eps_one),
+            ("100 rounds", pld.self_compose(100), eps_many),
+        ):
+            curve = f"connect-the-dots, n_alpha={points}"
+            rows += [
+                {"panel": panel, "curve": curve, "x": float(e), "y": dist.get_delta_for_epsilon(e)}
+                for e in grid
+            ]
     return rows
 
 
