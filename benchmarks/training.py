@@ -2,7 +2,7 @@
 
 What is measured, on CPU with ``torch.set_num_threads(2)``, for the tanh CNN of
 ``experiments.models.build_model("cnn")`` (26,010 parameters) on real MNIST
-(``shuffle_opacus.data.load_mnist``), cross-entropy loss with mean reduction, plain SGD:
+(``shuffle_experiments.data.load_mnist``), cross-entropy loss with mean reduction, plain SGD:
 
 * ``non-private``: one round is forward + backward + ``SGD.step`` on a batch of exactly ``B``
   random training examples.
@@ -59,12 +59,12 @@ from typing import Any
 import numpy as np
 import torch
 from opacus import PrivacyEngine
+from shuffle_experiments.data import load_mnist
+from shuffle_experiments.models import build_model
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import shuffle_opacus
-from experiments.models import build_model
-from shuffle_opacus.data import load_mnist
 
 N_CLIENTS = 60_000
 THREADS = 2

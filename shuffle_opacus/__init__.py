@@ -6,12 +6,14 @@ that ``PrivacyEngine(accountant="shuffled_checkin")`` works. The package itself 
 torch: the maths in :mod:`shuffle_opacus.analysis` and the ``shuffle-opacus account`` command
 stay light. The torch-side helpers below are imported on first use.
 
-* :func:`make_private`, :func:`make_private_with_epsilon` (:mod:`shuffle_opacus.privacy`)
+* :func:`make_private`, :func:`make_private_with_epsilon` and their :class:`PrivacyOptions`
+  (:mod:`shuffle_opacus.privacy`)
 * :class:`ShuffledCheckInSampler`, :class:`FixedSizeShuffledSampler`
   (:mod:`shuffle_opacus.sampling`)
 * :class:`LocalNoiseDPOptimizer` (:mod:`shuffle_opacus.noise`)
 * the accountant classes (:mod:`shuffle_opacus.accountants`)
-* :func:`calibrate_noise_multiplier` (:mod:`shuffle_opacus.protocols`, no torch)
+* :func:`calibrate_noise_multiplier` and :func:`history_epsilon` (:mod:`shuffle_opacus.accounting`,
+  no torch), the protocol table :data:`PROTOCOLS` (:mod:`shuffle_opacus.protocols`, no torch)
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ import importlib
 from typing import Any
 
 from . import _registration
-from .protocols import calibrate_noise_multiplier
+from .accounting import calibrate_noise_multiplier, history_epsilon
+from .protocols import PROTOCOLS, Protocol, analysis_sigma, get_protocol
 
 __version__ = "0.1.0"
 
 _LAZY: dict[str, str] = {
     "make_private": "privacy",
     "make_private_with_epsilon": "privacy",
+    "PrivacyOptions": "privacy",
     "ShuffledCheckInSampler": "sampling",
     "FixedSizeShuffledSampler": "sampling",
     "LocalNoiseDPOptimizer": "noise",
@@ -35,7 +39,16 @@ _LAZY: dict[str, str] = {
     "ShuffledCheckInAccountant": "accountants",
 }
 
-__all__ = ["__version__", "calibrate_noise_multiplier", *_LAZY]
+__all__ = [
+    "__version__",
+    "PROTOCOLS",
+    "Protocol",
+    "analysis_sigma",
+    "calibrate_noise_multiplier",
+    "get_protocol",
+    "history_epsilon",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -35,15 +35,10 @@ from typing import Any, ClassVar
 from opacus.accountants import IAccountant, register_accountant
 from opacus.accountants import registry as _opacus_registry
 
+from .accounting import history_epsilon
 from .analysis._validation import check_int, check_positive, check_probability
-from .analysis.conversion import EpsilonResult
-from .protocols import (
-    ACCOUNTANT_PROTOCOL,
-    check_method,
-    history_epsilon,
-    protocol_sample_rate,
-    resolve_sensitivity,
-)
+from .analysis.rdp.conversion import EpsilonResult
+from .protocols import Protocol, protocol_for_accountant, resolve_sensitivity
 
 __all__ = [
     "ShuffleAccountantBase",
@@ -79,7 +74,7 @@ class ShuffleAccountantBase(IAccountant):
         self.history: list[tuple[float, float, int]] = []
         self.population: int | None = None
         self.sensitivity: float = resolve_sensitivity("replace-one")
-        self.method: str = check_method(self.protocol(), None)
+        self.method: str = self.spec().check_method(None)
         self.sample_size: int | None = None
 
     @classmethod
@@ -88,9 +83,14 @@ class ShuffleAccountantBase(IAccountant):
         return cls.name
 
     @classmethod
+    def spec(cls) -> Protocol:
+        """Return the record of the accountant's protocol (:data:`shuffle_opacus.PROTOCOLS`)."""
+        return protocol_for_accountant(cls.name)
+
+    @classmethod
     def protocol(cls) -> str:
-        """Return the client-sampling protocol (``full``, ``subsampled`` or ``checkin``)."""
-        return ACCOUNTANT_PROTOCOL[cls.name]
+        """Return the protocol's name (``full``, ``subsampled`` or ``checkin``)."""
+        return cls.spec().name
 
     def check_configuration(
         self,
@@ -110,17 +110,18 @@ class ShuffleAccountantBase(IAccountant):
         """
         population = check_int("population", population, minimum=1)
         sens = resolve_sensitivity(sensitivity)
-        protocol = self.protocol()
-        method = check_method(protocol, method)
-        if protocol == "checkin":
+        spec = self.spec()
+        method = spec.check_method(method)
+        if not spec.fixed_size:
             if sample_size is not None:
                 raise ValueError(
                     f"sample_size is not a parameter of the {self.name} accountant (each client "
                     f"checks in independently). Found {sample_size!r}."
                 )
         else:
-            protocol_sample_rate(protocol, population=population, sample_size=sample_size)
-            sample_size = int(sample_size) if protocol == "subsampled" else None  # type: ignore[arg-type]
+            spec.sample_rate(population=population, sample_size=sample_size)
+            keep = spec.parameter == "sample_size"
+            sample_size = int(sample_size) if keep else None  # type: ignore[arg-type]
         if self.history and self.population is not None:
             held = (self.population, self.sensitivity, self.sample_size)
             if held != (population, sens, sample_size):
@@ -177,11 +178,10 @@ class ShuffleAccountantBase(IAccountant):
                 rate is not part of the configuration.
         """
         self._require_configured("expected_sample_rate")
-        if self.protocol() == "full":
-            return 1.0
-        if self.protocol() == "subsampled":
-            return self.sample_size / self.population  # type: ignore[operator]
-        raise ValueError("the shuffled_checkin rate is not part of the configuration.")
+        spec = self.spec()
+        if not spec.fixed_size:
+            raise ValueError(f"the {self.name} rate is not part of the configuration.")
+        return spec.sample_rate(population=self.population, sample_size=self.sample_size)  # type: ignore[arg-type]
 
     def _require_configured(self, what: str) -> None:
         if self.population is None:
@@ -194,7 +194,8 @@ class ShuffleAccountantBase(IAccountant):
     def _check_step(self, noise_multiplier: float, sample_rate: float) -> tuple[float, float]:
         nm = check_positive("noise_multiplier", noise_multiplier)
         rate = check_probability("sample_rate", sample_rate)
-        if self.protocol() == "checkin":
+        spec = self.spec()
+        if not spec.fixed_size:
             return nm, rate
         if self.population is not None:
             expected = self.expected_sample_rate()
@@ -204,9 +205,9 @@ class ShuffleAccountantBase(IAccountant):
                     f"(its configured sampling). Found {sample_rate!r}."
                 )
             return nm, expected
-        if self.protocol() == "full" and rate != 1.0:
+        if spec.parameter is None and rate != 1.0:
             raise ValueError(
-                f"sample_rate of the shuffle accountant must be 1. Found {sample_rate!r}."
+                f"sample_rate of the {self.name} accountant must be 1. Found {sample_rate!r}."
             )
         return nm, rate
 
@@ -244,12 +245,12 @@ class ShuffleAccountantBase(IAccountant):
     def _result(self, delta: float, max_order: int | None) -> EpsilonResult:
         if not self.history or len(self) == 0:
             return history_epsilon(
-                [], protocol=self.protocol(), delta=delta, population=1, max_order=max_order
+                [], protocol=self.spec(), delta=delta, population=1, max_order=max_order
             )
         self._require_configured("epsilon")
         return history_epsilon(
             list(self.history),
-            protocol=self.protocol(),
+            protocol=self.spec(),
             delta=delta,
             population=self.population,  # type: ignore[arg-type]
             sensitivity=self.sensitivity,
@@ -384,14 +385,15 @@ class ShuffleAccountantBase(IAccountant):
                 raise ValueError(f"the {self.name} accountant needs local noise: {_HELPER_HINT}.")
             rate = optimizer.accounting_sample_rate
             reports = optimizer.last_report_count
-            protocol = self.protocol()
-            if protocol in ("full", "subsampled"):
-                expected = self.population if protocol == "full" else self.sample_size
-                if reports != expected:
-                    raise ValueError(
-                        f"the {self.name} accountant expects {expected} reports per round; this "
-                        f"round had {reports}. Is the data loader's sampler the matching one?"
-                    )
+            expected = self.spec().reports_per_round(
+                population=self.population,  # type: ignore[arg-type]
+                sample_size=self.sample_size,
+            )
+            if expected is not None and reports != expected:
+                raise ValueError(
+                    f"the {self.name} accountant expects {expected} reports per round; this "
+                    f"round had {reports}. Is the data loader's sampler the matching one?"
+                )
             self.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=rate)
 
         return hook
@@ -412,7 +414,7 @@ class SubsampledShuffleAccountant(ShuffleAccountantBase):
 class ShuffledCheckInAccountant(ShuffleAccountantBase):
     """Each client checks in independently with probability ``gamma`` every round.
 
-    Per-round RDP from :func:`shuffle_opacus.analysis.checkin_rdp` (``exact`` by default,
+    Per-round RDP from :func:`shuffle_opacus.analysis.rdp.checkin_rdp` (``exact`` by default,
     ``sum`` or the paper's ``theorem3`` on request). Empty rounds are part of the protocol and
     are accounted as rounds.
     """

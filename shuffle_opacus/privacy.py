@@ -19,7 +19,9 @@ the accountant. Every argument is checked before anything is changed: after a ``
 module, the optimizer and the accountant are as they were.
 
 :func:`make_private_with_epsilon` first calibrates the local noise multiplier to a target
-``(epsilon, delta)`` with :func:`shuffle_opacus.protocols.calibrate_noise_multiplier`.
+``(epsilon, delta)`` with :func:`shuffle_opacus.accounting.calibrate_noise_multiplier` and then
+delegates to :func:`make_private`. The options of both are gathered in one frozen
+:class:`PrivacyOptions`, validated once before anything changes.
 """
 
 from __future__ import annotations
@@ -38,29 +40,57 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 from .accountants import ACCOUNTANTS, ShuffleAccountantBase
+from .accounting import calibrate_noise_multiplier
 from .analysis._validation import check_positive
 from .noise import NOISE_MODES, LocalNoiseDPOptimizer
-from .protocols import (
-    calibrate_noise_multiplier,
-    check_method,
-    protocol_sample_rate,
-    resolve_sensitivity,
-)
+from .protocols import PROTOCOLS, Protocol, resolve_sensitivity
 from .sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler, ShuffleRoundSampler
 
-__all__ = ["make_private", "make_private_with_epsilon"]
+__all__ = ["PrivacyOptions", "make_private", "make_private_with_epsilon"]
 
 _GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew")
-_SAMPLER_FOR = {
-    "checkin": "ShuffledCheckInSampler",
-    "subsampled": "FixedSizeShuffledSampler with m < n",
-    "full": "FixedSizeShuffledSampler with m = n",
-}
+
+
+@dataclass(frozen=True)
+class PrivacyOptions:
+    """The options of :func:`make_private` besides the model, optimizer, loader and noise.
+
+    Attributes:
+        max_grad_norm: Clipping norm ``C`` of each client's gradient (> 0).
+        rounds: Number of rounds (required unless the loader has a shuffle sampler).
+        rate: Check-in probability (``shuffled_checkin``), in ``(0, 1]``.
+        sample_size: Clients per round (``subsampled_shuffle``), in ``[1, n - 1]``.
+        seed: Sampling seed (integer >= 0); ``None`` draws one (read ``loader.batch_sampler.seed``).
+        start_round: First round to produce, to resume a run (with the same seed).
+        sensitivity: ``"replace-one"`` (2, default), ``"paper"`` (1) or a number, in units of
+            ``C``; see :mod:`shuffle_opacus.protocols`.
+        method: Core analysis method; the tightest by default.
+        noise_mode: ``"sum"`` (one draw with std ``sigma C sqrt(B_t)``) or ``"per_client"``.
+        loss_reduction: ``"mean"`` or ``"sum"``, matching the training loss.
+        grad_sample_mode: Opacus per-sample gradient mode: ``hooks``, ``functorch`` or ``ew``.
+        batch_first: Whether the batch dimension of inputs is the first one.
+        noise_generator: Torch generator for the noise (not in secure mode).
+    """
+
+    max_grad_norm: float
+    rounds: int | None = None
+    rate: float | None = None
+    sample_size: int | None = None
+    seed: int | None = None
+    start_round: int = 0
+    sensitivity: float | str = "replace-one"
+    method: str | None = None
+    noise_mode: str = "sum"
+    loss_reduction: str = "mean"
+    grad_sample_mode: str = "hooks"
+    batch_first: bool = True
+    noise_generator: torch.Generator | None = None
 
 
 @dataclass(frozen=True)
 class _Plan:
     accountant: ShuffleAccountantBase
+    protocol: Protocol
     sampler: ShuffleRoundSampler
     population: int
     sensitivity: float
@@ -93,122 +123,77 @@ def _population(data_loader: DataLoader) -> int:
     return n
 
 
+def _existing_sampler(
+    spec: Protocol, name: str, sampler: ShuffleRoundSampler, n: int, options: PrivacyOptions
+) -> ShuffleRoundSampler:
+    if sampler.protocol != spec.name:
+        raise ValueError(
+            f"the {name} accountant needs the {spec.name} protocol ({spec.sampler}); "
+            f"data_loader samples with {type(sampler).__name__} (protocol {sampler.protocol})."
+        )
+    if sampler.n != n:
+        raise ValueError(
+            f"data_loader's sampler has n={sampler.n} but the dataset holds {n} examples."
+        )
+    given = {
+        "rounds": options.rounds,
+        "rate": options.rate,
+        "sample_size": options.sample_size,
+        "seed": options.seed,
+    }
+    actual = {
+        "rounds": sampler.rounds,
+        "rate": getattr(sampler, "rate", None),
+        "sample_size": getattr(sampler, "m", None),
+        "seed": sampler.seed,
+    }
+    for key, value in given.items():
+        if value is not None and value != actual[key]:
+            raise ValueError(
+                f"{key}={value!r} contradicts data_loader's sampler ({sampler!r}); pass one "
+                f"or the other."
+            )
+    if options.start_round:
+        raise ValueError("start_round applies to a sampler built here; set it on your sampler.")
+    return sampler
+
+
 def _sampler(
-    protocol: str,
-    name: str,
-    data_loader: DataLoader,
-    n: int,
-    *,
-    rounds: int | None,
-    rate: float | None,
-    sample_size: int | None,
-    seed: int | None,
-    start_round: int,
+    spec: Protocol, name: str, data_loader: DataLoader, n: int, options: PrivacyOptions
 ) -> ShuffleRoundSampler:
     existing = data_loader.batch_sampler
     if isinstance(existing, ShuffleRoundSampler):
-        if existing.protocol != protocol:
-            raise ValueError(
-                f"the {name} accountant needs the {protocol} protocol ({_SAMPLER_FOR[protocol]}); "
-                f"data_loader samples with {type(existing).__name__} (protocol "
-                f"{existing.protocol})."
-            )
-        if existing.n != n:
-            raise ValueError(
-                f"data_loader's sampler has n={existing.n} but the dataset holds {n} examples."
-            )
-        given = {"rounds": rounds, "rate": rate, "sample_size": sample_size, "seed": seed}
-        actual = {
-            "rounds": existing.rounds,
-            "rate": getattr(existing, "rate", None),
-            "sample_size": getattr(existing, "m", None),
-            "seed": existing.seed,
-        }
-        for key, value in given.items():
-            if value is not None and value != actual[key]:
-                raise ValueError(
-                    f"{key}={value!r} contradicts data_loader's sampler ({existing!r}); pass one "
-                    f"or the other."
-                )
-        if start_round:
-            raise ValueError("start_round applies to a sampler built here; set it on your sampler.")
-        return existing
-    if rounds is None:
+        return _existing_sampler(spec, name, existing, n, options)
+    if options.rounds is None:
         raise ValueError("rounds is required (an integer >= 1): the number of training rounds.")
+    size = options.sample_size
     # Messages that name the accountant to use instead; the rest is the protocol's own check.
-    if protocol == "full" and sample_size is not None and sample_size != n:
+    if spec.parameter is None and size is not None and size != n:
         raise ValueError(
-            f"sample_size of the shuffle accountant must equal the dataset size ({n}); use "
-            f"subsampled_shuffle for fewer clients per round. Found {sample_size!r}."
+            f"sample_size of the {name} accountant must equal the dataset size ({n}); use "
+            f"{PROTOCOLS['subsampled'].accountant} for fewer clients per round. Found {size!r}."
         )
-    if protocol == "subsampled" and sample_size == n:
+    if spec.parameter == "sample_size" and size == n:
         raise ValueError(
-            f"sample_size must be an integer in [1, {n - 1}] for subsampled_shuffle; with all "
-            f"{n} clients per round use the shuffle accountant. Found {sample_size!r}."
+            f"sample_size must be an integer in [1, {n - 1}] for {name}; with all {n} clients "
+            f"per round use the {PROTOCOLS['full'].accountant} accountant. Found {size!r}."
         )
-    protocol_sample_rate(protocol, population=n, rate=rate, sample_size=sample_size)
-    if protocol == "checkin":
-        return ShuffledCheckInSampler(n, rate, rounds, seed, start_round=start_round)  # type: ignore[arg-type]
-    m = n if protocol == "full" else int(sample_size)  # type: ignore[arg-type]
-    return FixedSizeShuffledSampler(n, m, rounds, seed, start_round=start_round)
-
-
-def _plan(
-    engine: PrivacyEngine,
-    data_loader: DataLoader,
-    *,
-    rounds: int | None,
-    rate: float | None,
-    sample_size: int | None,
-    seed: int | None,
-    start_round: int,
-    sensitivity: float | str,
-    method: str | None,
-    grad_sample_mode: str,
-) -> _Plan:
-    accountant = _shuffle_accountant(engine)
-    protocol = accountant.protocol()
-    n = _population(data_loader)
-    sampler = _sampler(
-        protocol,
-        accountant.mechanism(),
-        data_loader,
+    spec.sample_rate(population=n, rate=options.rate, sample_size=size)
+    return spec.make_sampler(
         n,
-        rounds=rounds,
-        rate=rate,
-        sample_size=sample_size,
-        seed=seed,
-        start_round=start_round,
+        rate=options.rate,
+        sample_size=size,
+        rounds=options.rounds,
+        seed=options.seed,
+        start_round=options.start_round,
     )
-    sens = resolve_sensitivity(sensitivity)
-    method = check_method(protocol, method)
-    if grad_sample_mode == "ew" and isinstance(sampler, ShuffledCheckInSampler):
-        # Expanded weights cannot run a forward pass on an empty batch.
-        remaining = sampler.rounds - sampler.start_round
-        p_empty = -math.expm1(remaining * math.log1p(-math.exp(n * math.log1p(-sampler.rate))))
-        if sampler.rate < 1.0 and p_empty > 1e-9:
-            raise ValueError(
-                f"grad_sample_mode='ew' cannot process an empty round, and with n={n}, "
-                f"rate={sampler.rate} an empty round occurs with probability {p_empty:.2g} over "
-                f"{remaining} rounds; use grad_sample_mode 'hooks' or 'functorch'."
-            )
-    sample = sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None
-    accountant.check_configuration(
-        population=n, sensitivity=sens, method=method, sample_size=sample
-    )
-    return _Plan(accountant, sampler, n, sens, method)
 
 
 def _check_training_args(
     engine: PrivacyEngine,
     module: nn.Module,
     optimizer: torch.optim.Optimizer,
-    *,
-    max_grad_norm: float,
-    noise_mode: str,
-    loss_reduction: str,
-    grad_sample_mode: str,
-    noise_generator: torch.Generator | None,
+    options: PrivacyOptions,
 ) -> None:
     if not isinstance(module, nn.Module):
         raise ValueError(f"module must be a torch.nn.Module. Found {type(module)!r}.")
@@ -218,21 +203,23 @@ def _check_training_args(
         )
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"optimizer must be a torch.optim.Optimizer. Found {type(optimizer)!r}.")
-    check_positive("max_grad_norm", max_grad_norm)
-    if noise_mode not in NOISE_MODES:
+    check_positive("max_grad_norm", options.max_grad_norm)
+    if options.noise_mode not in NOISE_MODES:
         raise ValueError(
-            f"noise_mode must be one of {', '.join(NOISE_MODES)}. Found {noise_mode!r}."
+            f"noise_mode must be one of {', '.join(NOISE_MODES)}. Found {options.noise_mode!r}."
         )
-    if loss_reduction not in ("mean", "sum"):
-        raise ValueError(f"loss_reduction must be 'mean' or 'sum'. Found {loss_reduction!r}.")
-    if grad_sample_mode not in _GRAD_SAMPLE_MODES:
+    if options.loss_reduction not in ("mean", "sum"):
+        raise ValueError(
+            f"loss_reduction must be 'mean' or 'sum'. Found {options.loss_reduction!r}."
+        )
+    if options.grad_sample_mode not in _GRAD_SAMPLE_MODES:
         raise ValueError(
             f"grad_sample_mode must be one of {', '.join(_GRAD_SAMPLE_MODES)}. "
-            f"Found {grad_sample_mode!r}."
+            f"Found {options.grad_sample_mode!r}."
         )
-    if engine.secure_mode and noise_generator is not None:
+    if engine.secure_mode and options.noise_generator is not None:
         raise ValueError("noise_generator must be None in secure mode (Opacus's rule).")
-    if engine.secure_mode and noise_mode == "per_client":
+    if engine.secure_mode and options.noise_mode == "per_client":
         raise ValueError("noise_mode='per_client' is a reference mode and has no secure mode.")
     params = set(module.parameters())
     for group in optimizer.param_groups:
@@ -253,43 +240,31 @@ def _prepare(
     module: nn.Module,
     optimizer: torch.optim.Optimizer,
     data_loader: DataLoader,
-    *,
-    max_grad_norm: float,
-    noise_mode: str,
-    loss_reduction: str,
-    grad_sample_mode: str,
-    noise_generator: torch.Generator | None,
-    rounds: int | None,
-    rate: float | None,
-    sample_size: int | None,
-    seed: int | None,
-    start_round: int,
-    sensitivity: float | str,
-    method: str | None,
+    options: PrivacyOptions,
 ) -> _Plan:
     """Run every check shared by the two public helpers; change nothing."""
-    _check_training_args(
-        engine,
-        module,
-        optimizer,
-        max_grad_norm=max_grad_norm,
-        noise_mode=noise_mode,
-        loss_reduction=loss_reduction,
-        grad_sample_mode=grad_sample_mode,
-        noise_generator=noise_generator,
+    _check_training_args(engine, module, optimizer, options)
+    accountant = _shuffle_accountant(engine)
+    spec = accountant.spec()
+    n = _population(data_loader)
+    sampler = _sampler(spec, accountant.mechanism(), data_loader, n, options)
+    sens = resolve_sensitivity(options.sensitivity)
+    method = spec.check_method(options.method)
+    if options.grad_sample_mode == "ew" and isinstance(sampler, ShuffledCheckInSampler):
+        # Expanded weights cannot run a forward pass on an empty batch.
+        remaining = sampler.rounds - sampler.start_round
+        p_empty = -math.expm1(remaining * math.log1p(-math.exp(n * math.log1p(-sampler.rate))))
+        if sampler.rate < 1.0 and p_empty > 1e-9:
+            raise ValueError(
+                f"grad_sample_mode='ew' cannot process an empty round, and with n={n}, "
+                f"rate={sampler.rate} an empty round occurs with probability {p_empty:.2g} over "
+                f"{remaining} rounds; use grad_sample_mode 'hooks' or 'functorch'."
+            )
+    sample = sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None
+    accountant.check_configuration(
+        population=n, sensitivity=sens, method=method, sample_size=sample
     )
-    return _plan(
-        engine,
-        data_loader,
-        rounds=rounds,
-        rate=rate,
-        sample_size=sample_size,
-        seed=seed,
-        start_round=start_round,
-        sensitivity=sensitivity,
-        method=method,
-        grad_sample_mode=grad_sample_mode,
-    )
+    return _Plan(accountant, spec, sampler, n, sens, method)
 
 
 def _private_loader(data_loader: DataLoader, sampler: ShuffleRoundSampler) -> DataLoader:
@@ -314,6 +289,55 @@ def _private_loader(data_loader: DataLoader, sampler: ShuffleRoundSampler) -> Da
         kwargs["prefetch_factor"] = data_loader.prefetch_factor
         kwargs["multiprocessing_context"] = data_loader.multiprocessing_context
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **kwargs)
+
+
+def _make_private(
+    engine: PrivacyEngine,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data_loader: DataLoader,
+    noise_multiplier: float,
+    options: PrivacyOptions,
+) -> tuple[AbstractGradSampleModule, LocalNoiseDPOptimizer, DataLoader]:
+    check_positive("noise_multiplier", noise_multiplier)
+    plan = _prepare(engine, module, optimizer, data_loader, options)
+    sampler = plan.sampler
+    sample_size = sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None
+    if engine.secure_mode:
+        warnings.warn(
+            "secure_mode protects the noise; client sampling uses numpy's PCG64, which is a "
+            "simulation-grade generator.",
+            stacklevel=3,
+        )
+    loader = _private_loader(data_loader, sampler)
+    plan.accountant.configure(
+        population=plan.population,
+        sensitivity=plan.sensitivity,
+        method=plan.method,
+        sample_size=sample_size,
+    )
+    wrapped = prepare_module(
+        module,
+        options.grad_sample_mode,
+        batch_first=options.batch_first,
+        loss_reduction=options.loss_reduction,
+    )
+    wrapped.forbid_grad_accumulation()
+    dp_optimizer = LocalNoiseDPOptimizer(
+        optimizer,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=options.max_grad_norm,
+        expected_batch_size=sampler.expected_batch_size,
+        accounting_sample_rate=sampler.sample_rate,
+        loss_reduction=options.loss_reduction,
+        generator=engine.secure_rng if engine.secure_mode else options.noise_generator,
+        secure_mode=engine.secure_mode,
+        noise_mode=options.noise_mode,
+    )
+    dp_optimizer.attach_step_hook(plan.accountant.local_noise_hook())
+    if engine.dataset is None:
+        engine.dataset = data_loader.dataset
+    return wrapped, dp_optimizer, loader
 
 
 def make_private(
@@ -354,20 +378,19 @@ def make_private(
         optimizer: Optimizer over the module's parameters.
         data_loader: Loader over the clients' data.
         noise_multiplier: Local sigma: each client's noise std divided by ``max_grad_norm``.
-        max_grad_norm: Clipping norm ``C`` of each client's gradient (> 0).
-        rounds: Number of rounds (required unless the loader has a shuffle sampler).
-        rate: Check-in probability (``shuffled_checkin``), in ``(0, 1]``.
-        sample_size: Clients per round (``subsampled_shuffle``), in ``[1, n - 1]``.
-        seed: Sampling seed (integer >= 0); ``None`` draws one (read ``loader.batch_sampler.seed``).
-        start_round: First round to produce, to resume a run (with the same seed).
-        sensitivity: ``"replace-one"`` (2, default), ``"paper"`` (1) or a number, in units of ``C``;
-            see :mod:`shuffle_opacus.protocols`.
-        method: Core analysis method; the tightest by default.
-        noise_mode: ``"sum"`` (one draw with std ``sigma C sqrt(B_t)``) or ``"per_client"``.
-        loss_reduction: ``"mean"`` or ``"sum"``, matching the training loss.
-        grad_sample_mode: Opacus per-sample gradient mode: ``hooks``, ``functorch`` or ``ew``.
-        batch_first: Whether the batch dimension of inputs is the first one.
-        noise_generator: Torch generator for the noise (not in secure mode).
+        max_grad_norm: See :class:`PrivacyOptions`, as are all the remaining arguments.
+        rounds: See :class:`PrivacyOptions`.
+        rate: See :class:`PrivacyOptions`.
+        sample_size: See :class:`PrivacyOptions`.
+        seed: See :class:`PrivacyOptions`.
+        start_round: See :class:`PrivacyOptions`.
+        sensitivity: See :class:`PrivacyOptions`.
+        method: See :class:`PrivacyOptions`.
+        noise_mode: See :class:`PrivacyOptions`.
+        loss_reduction: See :class:`PrivacyOptions`.
+        grad_sample_mode: See :class:`PrivacyOptions`.
+        batch_first: See :class:`PrivacyOptions`.
+        noise_generator: See :class:`PrivacyOptions`.
 
     Returns:
         ``(module, optimizer, data_loader)``: the wrapped module, a
@@ -377,17 +400,8 @@ def make_private(
     Raises:
         ValueError: on any invalid or inconsistent argument; nothing has been changed then.
     """
-    check_positive("noise_multiplier", noise_multiplier)
-    plan = _prepare(
-        engine,
-        module,
-        optimizer,
-        data_loader,
+    options = PrivacyOptions(
         max_grad_norm=max_grad_norm,
-        noise_mode=noise_mode,
-        loss_reduction=loss_reduction,
-        grad_sample_mode=grad_sample_mode,
-        noise_generator=noise_generator,
         rounds=rounds,
         rate=rate,
         sample_size=sample_size,
@@ -395,72 +409,13 @@ def make_private(
         start_round=start_round,
         sensitivity=sensitivity,
         method=method,
-    )
-    return _apply(
-        engine,
-        plan,
-        module=module,
-        optimizer=optimizer,
-        data_loader=data_loader,
-        noise_multiplier=noise_multiplier,
-        max_grad_norm=max_grad_norm,
         noise_mode=noise_mode,
         loss_reduction=loss_reduction,
         grad_sample_mode=grad_sample_mode,
         batch_first=batch_first,
         noise_generator=noise_generator,
     )
-
-
-def _apply(
-    engine: PrivacyEngine,
-    plan: _Plan,
-    *,
-    module: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    data_loader: DataLoader,
-    noise_multiplier: float,
-    max_grad_norm: float,
-    noise_mode: str,
-    loss_reduction: str,
-    grad_sample_mode: str,
-    batch_first: bool,
-    noise_generator: torch.Generator | None,
-) -> tuple[AbstractGradSampleModule, LocalNoiseDPOptimizer, DataLoader]:
-    sampler = plan.sampler
-    sample_size = sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None
-    if engine.secure_mode:
-        warnings.warn(
-            "secure_mode protects the noise; client sampling uses numpy's PCG64, which is a "
-            "simulation-grade generator.",
-            stacklevel=3,
-        )
-    loader = _private_loader(data_loader, sampler)
-    plan.accountant.configure(
-        population=plan.population,
-        sensitivity=plan.sensitivity,
-        method=plan.method,
-        sample_size=sample_size,
-    )
-    wrapped = prepare_module(
-        module, grad_sample_mode, batch_first=batch_first, loss_reduction=loss_reduction
-    )
-    wrapped.forbid_grad_accumulation()
-    dp_optimizer = LocalNoiseDPOptimizer(
-        optimizer,
-        noise_multiplier=noise_multiplier,
-        max_grad_norm=max_grad_norm,
-        expected_batch_size=sampler.expected_batch_size,
-        accounting_sample_rate=sampler.sample_rate,
-        loss_reduction=loss_reduction,
-        generator=engine.secure_rng if engine.secure_mode else noise_generator,
-        secure_mode=engine.secure_mode,
-        noise_mode=noise_mode,
-    )
-    dp_optimizer.attach_step_hook(plan.accountant.local_noise_hook())
-    if engine.dataset is None:
-        engine.dataset = data_loader.dataset
-    return wrapped, dp_optimizer, loader
+    return _make_private(engine, module, optimizer, data_loader, noise_multiplier, options)
 
 
 def make_private_with_epsilon(
@@ -490,7 +445,8 @@ def make_private_with_epsilon(
 
     The noise multiplier is the smallest (to ``rel_tol``) for which all the sampler's rounds
     stay within ``(target_epsilon, target_delta)``; it never overshoots the target. It is
-    available afterwards as ``optimizer.noise_multiplier``.
+    available afterwards as ``optimizer.noise_multiplier``. Everything is checked first; then
+    the noise is calibrated and :func:`make_private` does the rest.
 
     Args:
         engine: See :func:`make_private`.
@@ -499,19 +455,19 @@ def make_private_with_epsilon(
         data_loader: See :func:`make_private`.
         target_epsilon: Budget epsilon after all rounds (> 0).
         target_delta: Budget delta in ``(0, 1)``.
-        max_grad_norm: See :func:`make_private`.
-        rounds: See :func:`make_private`.
-        rate: See :func:`make_private`.
-        sample_size: See :func:`make_private`.
-        seed: See :func:`make_private`.
-        start_round: See :func:`make_private`.
-        sensitivity: See :func:`make_private`.
-        method: See :func:`make_private`.
-        noise_mode: See :func:`make_private`.
-        loss_reduction: See :func:`make_private`.
-        grad_sample_mode: See :func:`make_private`.
-        batch_first: See :func:`make_private`.
-        noise_generator: See :func:`make_private`.
+        max_grad_norm: See :class:`PrivacyOptions`, as are the arguments up to ``noise_generator``.
+        rounds: See :class:`PrivacyOptions`.
+        rate: See :class:`PrivacyOptions`.
+        sample_size: See :class:`PrivacyOptions`.
+        seed: See :class:`PrivacyOptions`.
+        start_round: See :class:`PrivacyOptions`.
+        sensitivity: See :class:`PrivacyOptions`.
+        method: See :class:`PrivacyOptions`.
+        noise_mode: See :class:`PrivacyOptions`.
+        loss_reduction: See :class:`PrivacyOptions`.
+        grad_sample_mode: See :class:`PrivacyOptions`.
+        batch_first: See :class:`PrivacyOptions`.
+        noise_generator: See :class:`PrivacyOptions`.
         rel_tol: Relative precision of the calibrated noise multiplier.
 
     Returns:
@@ -520,16 +476,8 @@ def make_private_with_epsilon(
     Raises:
         ValueError: on invalid arguments or an unreachable budget; nothing has been changed then.
     """
-    plan = _prepare(
-        engine,
-        module,
-        optimizer,
-        data_loader,
+    options = PrivacyOptions(
         max_grad_norm=max_grad_norm,
-        noise_mode=noise_mode,
-        loss_reduction=loss_reduction,
-        grad_sample_mode=grad_sample_mode,
-        noise_generator=noise_generator,
         rounds=rounds,
         rate=rate,
         sample_size=sample_size,
@@ -537,7 +485,13 @@ def make_private_with_epsilon(
         start_round=start_round,
         sensitivity=sensitivity,
         method=method,
+        noise_mode=noise_mode,
+        loss_reduction=loss_reduction,
+        grad_sample_mode=grad_sample_mode,
+        batch_first=batch_first,
+        noise_generator=noise_generator,
     )
+    plan = _prepare(engine, module, optimizer, data_loader, options)
     if len(plan.accountant) > 0:
         warnings.warn(
             "engine.accountant already holds rounds; the calibrated noise assumes a fresh budget, "
@@ -550,24 +504,11 @@ def make_private_with_epsilon(
         delta=target_delta,
         population=plan.population,
         rounds=sampler.rounds,
-        protocol=sampler.protocol,
-        rate=sampler.sample_rate if sampler.protocol == "checkin" else None,
+        protocol=plan.protocol,
+        rate=sampler.sample_rate if not plan.protocol.fixed_size else None,
         sample_size=sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None,
         sensitivity=plan.sensitivity,
         method=plan.method,
         rel_tol=rel_tol,
     )
-    return _apply(
-        engine,
-        plan,
-        module=module,
-        optimizer=optimizer,
-        data_loader=data_loader,
-        noise_multiplier=noise_multiplier,
-        max_grad_norm=max_grad_norm,
-        noise_mode=noise_mode,
-        loss_reduction=loss_reduction,
-        grad_sample_mode=grad_sample_mode,
-        batch_first=batch_first,
-        noise_generator=noise_generator,
-    )
+    return _make_private(engine, module, optimizer, data_loader, noise_multiplier, options)

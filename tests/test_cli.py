@@ -127,11 +127,11 @@ def test_table1_value_with_cap_warns(capsys):
             ["shuffle", "--n", "10", "--sigma", "1", "--max-order", "1"],
             "--max-order must be an integer >= 2",
         ),
-        (["shuffle", "--sigma", "1"], "n is required for shuffle"),
-        (["checkin", "--n", "10", "--sigma", "1"], "rate is required for checkin"),
+        (["shuffle", "--sigma", "1"], "--n is required for the shuffle mechanism"),
+        (["checkin", "--n", "10", "--sigma", "1"], "--rate is required for the checkin mechanism"),
         (
             ["shuffle", "--n", "10", "--sigma", "1", "--rate", "0.1"],
-            "rate is not a parameter of shuffle",
+            "--rate is not an option of the shuffle mechanism",
         ),
         (["shuffle", "--n", "10", "--sigma", "1", "--method", "exact"], "method must be one of"),
         (["bogus", "--sigma", "1"], "invalid choice"),
@@ -182,7 +182,7 @@ def test_module_entry_point_exit_status():
 
 
 def test_calibrate_meets_the_target_and_matches_the_library(capsys):
-    from shuffle_opacus.protocols import calibrate_noise_multiplier, history_epsilon
+    from shuffle_opacus import calibrate_noise_multiplier, history_epsilon
 
     code, out, err = run(
         capsys,
@@ -269,7 +269,7 @@ def test_calibrate_errors_are_one_line(capsys, args, fragment):
 
 
 def test_clones_default_is_the_numerical_upper_bound(capsys):
-    from shuffle_opacus.analysis.clones import clones_epsilon
+    from shuffle_opacus.analysis.approximate.clones import clones_epsilon
 
     code, out, _ = run(
         capsys, "account", "clones", "--n", "100000", "--eps0", "4", "--delta", "1e-6", "--json"
@@ -312,7 +312,10 @@ def test_clones_closed_form_rows_and_invalid_note(capsys):
         (["clones", "--n", "10", "--sigma", "1"], "--eps0 is required for the clones mechanism"),
         (["clones", "--eps0", "1"], "--n is required for the clones mechanism"),
         (["clones", "--n", "10", "--eps0", "1", "--sigma", "1"], "--sigma is not an option"),
-        (["clones", "--n", "10", "--eps0", "1", "--method", "exact"], "numerical or closed-form"),
+        (
+            ["clones", "--n", "10", "--eps0", "1", "--method", "exact"],
+            "--method must be one of numerical, closed-form",
+        ),
         (["clones", "--n", "10", "--eps0", "1", "--rate", "0.5"], "--rate is not an option"),
         (["clones", "--n", "10", "--eps0", "-1"], "--eps0 must be a finite number > 0"),
         (["clones-gaussian", "--n", "10", "--eps0", "1"], "--sigma is required"),
@@ -353,7 +356,7 @@ def test_ldp_shuffle_subsampled_table(capsys):
     )  # fmt: skip
     assert code == 0
     row = next(line.split() for line in out.splitlines() if line.startswith("ldp-shuffle"))
-    assert row[:5] == ["ldp-shuffle", "10000", "3", "100", "10"]
+    assert row[:6] == ["ldp-shuffle", "pld", "10000", "3", "100", "10"]
     pld = subsampled_ldp_shuffle_pld(n=10_000, m=100, eps0=3.0, steps=10, tail=1e-12)
     assert float(row[-1]) == pytest.approx(pld.get_epsilon_for_delta(1e-6), abs=1e-6)
 
@@ -372,7 +375,10 @@ def test_ldp_shuffle_subsampled_table(capsys):
         (["krr", "--n", "10", "--k", "4", "--gamma", "0.5", "--eps0", "1"], "--eps0 is not an"),
         (["krr", "--n", "10", "--k", "1", "--gamma", "0.5"], "--k must be an integer >= 2"),
         (["krr", "--n", "10", "--k", "4", "--gamma", "1.5"], "--gamma must be in (0, 1]"),
-        (["shuffle", "--n", "10", "--sigma", "1", "--k", "4"], "--k is an option of the krr"),
+        (
+            ["shuffle", "--n", "10", "--sigma", "1", "--k", "4"],
+            "--k is not an option of the shuffle",
+        ),
     ],
 )
 def test_pld_mechanism_errors_are_one_line(capsys, args, fragment):
@@ -385,7 +391,7 @@ def test_pld_mechanism_errors_are_one_line(capsys, args, fragment):
 
 @pytest.mark.parametrize("adversary", ["strong", "weak"])
 def test_krr_matches_the_maths_layer(capsys, adversary):
-    from shuffle_opacus.analysis.krr import krr_epsilon
+    from shuffle_opacus.analysis.pld.krr import krr_epsilon
 
     code, out, _ = run(
         capsys, "account", "krr", "--n", "300", "--k", "4", "--gamma", "0.25",

@@ -33,8 +33,8 @@ def test_readme_main_job_is_the_quick_experiment():
     assert setup == "bash .ci/setup"
     assert job == ".venv/bin/shuffle-opacus train --config configs/quick.yaml"
     # The job's config is valid (running it takes minutes; the smoke config runs in the tests).
-    from experiments.config import load_config
-    from experiments.curves import CURVE_LABELS, EpsilonCurves
+    from shuffle_experiments.config import load_config
+    from shuffle_experiments.curves import CURVE_LABELS, EpsilonCurves
 
     config = load_config(ROOT / "configs" / "quick.yaml")
     # The summary the README quotes: its epsilons follow from the config alone, so they must

@@ -1,15 +1,28 @@
 """Pure numpy/scipy privacy accounting for the shuffle model (no torch import).
 
+The package is grouped by kind of guarantee:
+
+* :mod:`.rdp`: Rényi DP of the shuffle Gaussian (Theorem 1 of Liew & Takahashi, *Shuffle
+  Gaussian Mechanism for Differential Privacy*, arXiv:2206.09569), its subsampled and check-in
+  variants, the central references, the Girgis et al. bound, and the RDP → (eps, delta)
+  conversion;
+* :mod:`.approximate`: approximate-DP baselines: the clones method, composition theorems, the
+  analytic Gaussian, and their composed curves;
+* :mod:`.pld`: privacy loss distributions of shuffled eps0-LDP reports and k-randomised
+  response;
+* :mod:`.mechanisms`: the table of Rényi-DP mechanisms and methods;
+  :mod:`.catalogue`: every mechanism of the ``account`` command; :mod:`.results`: the result
+  record; :mod:`.montecarlo`: a Monte Carlo check of the shuffled Gaussian.
+
 Units: ``sigma`` is the paper's sigma, the per-user noise standard deviation divided by the L2
 distance between the differing user's two possible inputs (for the central references, the
 aggregate noise divided by the sensitivity of the sum). Orders are integers >= 2.
 """
 
-from .accounting import MECHANISMS, METHODS, AccountingResult, compute_epsilon, per_step_rdp
-from .central import gaussian_rdp, poisson_subsampled_gaussian_rdp
-from .checkin import CHECKIN_METHODS, checkin_rdp
-from .clones import CloneBounds, clones_delta, clones_epsilon
-from .composition import (
+from .approximate.analytic_gaussian import gaussian_dp_delta, gaussian_dp_epsilon
+from .approximate.baselines import clones_results, composed_epsilon, round_profile
+from .approximate.clones import CloneBounds, clones_delta, clones_epsilon, clones_gaussian
+from .approximate.composition import (
     compose_advanced,
     compose_basic,
     compose_best_epsilon,
@@ -17,53 +30,91 @@ from .composition import (
     compose_optimal_epsilon,
     subsample_dp,
 )
-from .conversion import (
-    EpsilonResult,
-    OrderCapWarning,
-    delta_from_rdp,
-    epsilon_from_rdp,
-    rdp_to_dp,
+from .catalogue import CATALOGUE, CatalogueEntry, account
+from .mechanisms import (
+    MECHANISM_TABLE,
+    MECHANISMS,
+    METHODS,
+    REFERENCES,
+    Mechanism,
+    Method,
+    RoundSetting,
+    compute_epsilon,
+    get_mechanism,
+    per_step_rdp,
+    rounds_epsilon,
 )
-from .girgis import girgis_epsilon, girgis_rdp, girgis_subsampled_rdp
-from .krr import KRR_ADVERSARIES, krr_delta, krr_eps0, krr_epsilon, krr_pld, krr_tail_delta
 from .montecarlo import MonteCarloEstimate, shuffled_gaussian_delta_mc
 from .pld import (
+    KRR_ADVERSARIES,
     compose_plds,
+    default_tail,
+    krr_delta,
+    krr_eps0,
+    krr_epsilon,
+    krr_pld,
+    krr_tail_delta,
     ldp_shuffle_delta,
     ldp_shuffle_epsilon,
     ldp_shuffle_pld,
     ldp_shuffle_rdp,
     subsampled_ldp_shuffle_pld,
 )
-from .shuffle_gaussian import no_shuffle_rdp, shuffle_gaussian_log_excess, shuffle_gaussian_rdp
-from .subsampling import subsampled_shuffle_rdp
+from .rdp.central import gaussian_rdp, poisson_subsampled_gaussian_rdp
+from .rdp.checkin import CHECKIN_METHODS, checkin_rdp
+from .rdp.conversion import (
+    EpsilonResult,
+    OrderCapWarning,
+    delta_from_rdp,
+    epsilon_from_rdp,
+    rdp_to_dp,
+)
+from .rdp.girgis import girgis_epsilon, girgis_rdp, girgis_subsampled_rdp
+from .rdp.shuffle_gaussian import no_shuffle_rdp, shuffle_gaussian_log_excess, shuffle_gaussian_rdp
+from .rdp.subsampling import subsampled_gaussian_rdp, subsampled_shuffle_rdp
+from .results import AccountingResult
 
 __all__ = [
-    "MECHANISMS",
-    "METHODS",
+    "CATALOGUE",
     "CHECKIN_METHODS",
+    "KRR_ADVERSARIES",
+    "MECHANISMS",
+    "MECHANISM_TABLE",
+    "METHODS",
+    "REFERENCES",
     "AccountingResult",
+    "CatalogueEntry",
     "CloneBounds",
     "EpsilonResult",
+    "Mechanism",
+    "Method",
     "MonteCarloEstimate",
     "OrderCapWarning",
+    "RoundSetting",
+    "account",
     "checkin_rdp",
     "clones_delta",
     "clones_epsilon",
+    "clones_gaussian",
+    "clones_results",
     "compose_advanced",
     "compose_basic",
     "compose_best_epsilon",
     "compose_optimal_delta",
     "compose_optimal_epsilon",
     "compose_plds",
+    "composed_epsilon",
     "compute_epsilon",
+    "default_tail",
     "delta_from_rdp",
     "epsilon_from_rdp",
+    "gaussian_dp_delta",
+    "gaussian_dp_epsilon",
     "gaussian_rdp",
+    "get_mechanism",
     "girgis_epsilon",
     "girgis_rdp",
     "girgis_subsampled_rdp",
-    "KRR_ADVERSARIES",
     "krr_delta",
     "krr_eps0",
     "krr_epsilon",
@@ -77,10 +128,13 @@ __all__ = [
     "per_step_rdp",
     "poisson_subsampled_gaussian_rdp",
     "rdp_to_dp",
+    "round_profile",
+    "rounds_epsilon",
     "shuffle_gaussian_log_excess",
     "shuffle_gaussian_rdp",
     "shuffled_gaussian_delta_mc",
     "subsample_dp",
+    "subsampled_gaussian_rdp",
     "subsampled_ldp_shuffle_pld",
     "subsampled_shuffle_rdp",
 ]

@@ -9,7 +9,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from shuffle_opacus.analysis.analytic_gaussian import gaussian_dp_delta, gaussian_dp_epsilon
+from shuffle_opacus.analysis.approximate.analytic_gaussian import (
+    gaussian_dp_delta,
+    gaussian_dp_epsilon,
+)
 
 
 def hockey_stick_quadrature(eps: float, sigma: float) -> mp.mpf:

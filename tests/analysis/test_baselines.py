@@ -6,14 +6,14 @@ import math
 
 import pytest
 
-from shuffle_opacus.analysis.baselines import (
+from shuffle_opacus.analysis.approximate.baselines import (
     RoundProfile,
     composed_epsilon,
     composed_epsilons,
     round_profile,
 )
-from shuffle_opacus.analysis.clones import clones_epsilon, clones_gaussian
-from shuffle_opacus.analysis.composition import compose_optimal_epsilon
+from shuffle_opacus.analysis.approximate.clones import clones_epsilon, clones_gaussian
+from shuffle_opacus.analysis.approximate.composition import compose_optimal_epsilon
 
 
 def test_one_round_is_the_one_round_bound():
@@ -28,7 +28,8 @@ def test_composition_picks_the_best_grid_point():
 
     profile = RoundProfile(np.array([1e-9, 1e-8]), np.array([0.30, 0.25]), users=10)
     expected = min(
-        compose_optimal_epsilon(0.30, 1e-9, 10, 1e-6), compose_optimal_epsilon(0.25, 1e-8, 10, 1e-6)
+        compose_optimal_epsilon(eps=0.30, delta=1e-9, k=10, delta_total=1e-6),
+        compose_optimal_epsilon(eps=0.25, delta=1e-8, k=10, delta_total=1e-6),
     )
     assert composed_epsilon(profile, steps=10, delta=1e-6) == expected
     # A per-round delta that leaves no room for ten rounds is skipped, not used.

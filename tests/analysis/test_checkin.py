@@ -16,12 +16,12 @@ from shuffle_opacus.analysis import (
     shuffle_gaussian_rdp,
     subsampled_shuffle_rdp,
 )
-from shuffle_opacus.analysis.series import (
+from shuffle_opacus.analysis.rdp.series import (
     log_gaussian_excess,
     mixture_log_excess,
     shuffle_log_excess,
 )
-from shuffle_opacus.analysis.subsampling import wang_log_excess
+from shuffle_opacus.analysis.rdp.subsampling import wang_log_excess
 
 
 def explicit_average(n, rate, sigma, orders, conditional):

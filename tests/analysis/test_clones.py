@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shuffle_opacus.analysis.analytic_gaussian import gaussian_dp_epsilon
-from shuffle_opacus.analysis.clones import (
+from shuffle_opacus.analysis.approximate.analytic_gaussian import gaussian_dp_epsilon
+from shuffle_opacus.analysis.approximate.clones import (
     ClonesValidityWarning,
     clones_closed_form,
     clones_delta,

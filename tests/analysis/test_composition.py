@@ -80,8 +80,8 @@ def rr_hockey_stick_mpmath(eps: float, k: int, eps_total: float) -> float:
 
 
 def test_basic():
-    assert compose_basic(0.5, 1e-6, 10) == pytest.approx((5.0, 1e-5), rel=1e-15)
-    assert compose_basic(0.0, 0.0, 1) == (0.0, 0.0)
+    assert compose_basic(eps=0.5, delta=1e-6, k=10) == pytest.approx((5.0, 1e-5), rel=1e-15)
+    assert compose_basic(eps=0.0, delta=0.0, k=1) == (0.0, 0.0)
 
 
 def test_advanced_by_hand():
@@ -90,7 +90,7 @@ def test_advanced_by_hand():
     #   first term 0.1 * 15.174271293851463 = 1.5174271293851463
     #   second term 10 * 0.1 * (e^0.1 - 1) = 0.10517091807564771
     #   total 1.622598047460794
-    eps_total, delta_total = compose_advanced(0.1, 2e-7, 10, 1e-5)
+    eps_total, delta_total = compose_advanced(eps=0.1, delta=2e-7, k=10, delta_slack=1e-5)
     assert eps_total == pytest.approx(1.622598047460794, rel=1e-14)
     assert eps_total == pytest.approx(
         0.1 * math.sqrt(2 * 10 * math.log(1 / 1e-5)) + 10 * 0.1 * (math.exp(0.1) - 1), rel=1e-14
@@ -100,7 +100,9 @@ def test_advanced_by_hand():
 
 def test_advanced_uses_expm1_for_tiny_eps():
     # k eps (e^eps - 1) = 1e-24 for eps = 1e-12, k = 1; exp(eps) - 1 would lose it entirely.
-    eps_total, _ = compose_advanced(1e-12, 0.0, 1, math.exp(-0.5))  # sqrt(2 ln(1/d')) = 1
+    eps_total, _ = compose_advanced(
+        eps=1e-12, delta=0.0, k=1, delta_slack=math.exp(-0.5)
+    )  # sqrt(2 ln(1/d')) = 1
     assert eps_total == pytest.approx(1e-12 + 1e-24, rel=1e-15)
 
 
@@ -113,7 +115,7 @@ def test_optimal_single_mechanism(eps, eps_total, delta):
     # the second term is 0 for t >= 0; then delta_total = delta + (1 - delta) * delta_rr.
     delta_rr = max(0.0, math.exp(eps) - math.exp(eps_total)) / (1 + math.exp(eps))
     expected = delta + (1 - delta) * delta_rr
-    assert compose_optimal_delta(eps, delta, 1, eps_total) == pytest.approx(
+    assert compose_optimal_delta(eps=eps, delta=delta, k=1, eps_total=eps_total) == pytest.approx(
         expected, rel=1e-13, abs=1e-300
     )
 
@@ -129,7 +131,9 @@ def test_optimal_two_mechanisms_four_outcomes(eps, eps_total):
         (0, 0): ((1 - p) * (1 - p), p * p),
     }
     expected = sum(max(0.0, pp - t * qq) for pp, qq in outcomes.values())
-    assert compose_optimal_delta(eps, 0.0, 2, eps_total) == pytest.approx(expected, rel=1e-13)
+    assert compose_optimal_delta(eps=eps, delta=0.0, k=2, eps_total=eps_total) == pytest.approx(
+        expected, rel=1e-13
+    )
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 6, 11])
@@ -137,15 +141,19 @@ def test_optimal_two_mechanisms_four_outcomes(eps, eps_total):
 @pytest.mark.parametrize("delta", [0.0, 1e-4])
 def test_kov_grid_points(k, eps, delta):
     for i in range(k // 2 + 1):
-        got = compose_optimal_delta(eps, delta, k, (k - 2 * i) * eps)
+        got = compose_optimal_delta(eps=eps, delta=delta, k=k, eps_total=(k - 2 * i) * eps)
         assert got == pytest.approx(kov_delta_i(eps, delta, k, i), rel=1e-12, abs=1e-15)
 
 
 def test_beyond_k_eps_only_the_delta_part_remains():
     base = 1 - (1 - 1e-3) ** 7
-    assert compose_optimal_delta(0.4, 1e-3, 7, 7 * 0.4) == pytest.approx(base, rel=1e-13)
-    assert compose_optimal_delta(0.4, 1e-3, 7, 50.0) == pytest.approx(base, rel=1e-13)
-    assert compose_optimal_delta(0.0, 0.0, 7, 0.0) == 0.0
+    assert compose_optimal_delta(eps=0.4, delta=1e-3, k=7, eps_total=7 * 0.4) == pytest.approx(
+        base, rel=1e-13
+    )
+    assert compose_optimal_delta(eps=0.4, delta=1e-3, k=7, eps_total=50.0) == pytest.approx(
+        base, rel=1e-13
+    )
+    assert compose_optimal_delta(eps=0.0, delta=0.0, k=7, eps_total=0.0) == 0.0
 
 
 # --- brute-force and high-precision oracles ----------------------------------------------
@@ -159,7 +167,7 @@ def test_beyond_k_eps_only_the_delta_part_remains():
 )
 def test_randomized_response_enumeration(k, eps, eps_total):
     expected = rr_hockey_stick_brute_force(eps, k, eps_total)
-    got = compose_optimal_delta(eps, 0.0, k, eps_total)
+    got = compose_optimal_delta(eps=eps, delta=0.0, k=k, eps_total=eps_total)
     assert got == pytest.approx(expected, rel=1e-10, abs=1e-14)
 
 
@@ -172,7 +180,7 @@ def test_randomized_response_enumeration(k, eps, eps_total):
 )
 def test_kov_dominating_pair_enumeration(k, eps, delta, eps_total):
     expected = kov_pair_hockey_stick_brute_force(eps, delta, k, eps_total)
-    got = compose_optimal_delta(eps, delta, k, eps_total)
+    got = compose_optimal_delta(eps=eps, delta=delta, k=k, eps_total=eps_total)
     assert got == pytest.approx(expected, rel=1e-10, abs=1e-14)
 
 
@@ -183,7 +191,9 @@ def test_kov_dominating_pair_enumeration(k, eps, delta, eps_total):
 def test_log_space_against_mpmath(k, eps, eps_total):
     expected = rr_hockey_stick_mpmath(eps, k, eps_total)
     assert 1e-300 < expected < 1  # a non-trivial point
-    assert compose_optimal_delta(eps, 0.0, k, eps_total) == pytest.approx(expected, rel=1e-8)
+    assert compose_optimal_delta(eps=eps, delta=0.0, k=k, eps_total=eps_total) == pytest.approx(
+        expected, rel=1e-8
+    )
 
 
 # --- the inverse and its properties ------------------------------------------------------
@@ -198,11 +208,13 @@ def test_log_space_against_mpmath(k, eps, eps_total):
 )
 def test_optimal_epsilon_inverts_delta(k, eps, delta, delta_total):
     tol = 1e-9
-    got = compose_optimal_epsilon(eps, delta, k, delta_total, tol=tol)
+    got = compose_optimal_epsilon(eps=eps, delta=delta, k=k, delta_total=delta_total, tol=tol)
     assert 0.0 <= got <= k * eps
-    assert compose_optimal_delta(eps, delta, k, got) <= delta_total
+    assert compose_optimal_delta(eps=eps, delta=delta, k=k, eps_total=got) <= delta_total
     if got > 2 * tol:
-        assert compose_optimal_delta(eps, delta, k, got - 2 * tol) > delta_total
+        assert (
+            compose_optimal_delta(eps=eps, delta=delta, k=k, eps_total=got - 2 * tol) > delta_total
+        )
 
 
 @settings(max_examples=30, deadline=None)
@@ -213,11 +225,13 @@ def test_optimal_epsilon_inverts_delta(k, eps, delta, delta_total):
     delta_total=st.floats(min_value=1e-4, max_value=0.5),
 )
 def test_optimal_beats_basic_and_advanced(k, eps, delta, delta_total):
-    optimal = compose_optimal_epsilon(eps, delta, k, delta_total)
-    assert optimal <= compose_basic(eps, delta, k)[0]
-    advanced = compose_advanced(eps, delta, k, delta_total - k * delta)[0]
+    optimal = compose_optimal_epsilon(eps=eps, delta=delta, k=k, delta_total=delta_total)
+    assert optimal <= compose_basic(eps=eps, delta=delta, k=k)[0]
+    advanced = compose_advanced(eps=eps, delta=delta, k=k, delta_slack=delta_total - k * delta)[0]
     assert optimal <= advanced + 1e-8
-    assert compose_best_epsilon(eps, delta, k, delta_total) == pytest.approx(optimal, abs=1e-8)
+    assert compose_best_epsilon(
+        eps=eps, delta=delta, k=k, delta_total=delta_total
+    ) == pytest.approx(optimal, abs=1e-8)
 
 
 @settings(max_examples=20, deadline=None)
@@ -227,35 +241,50 @@ def test_optimal_beats_basic_and_advanced(k, eps, delta, delta_total):
     delta_total=st.floats(min_value=1e-6, max_value=0.3),
 )
 def test_optimal_epsilon_monotone(k, eps, delta_total):
-    base = compose_optimal_epsilon(eps, 1e-9, k, delta_total)
-    assert compose_optimal_epsilon(eps, 1e-9, k + 7, delta_total) >= base - 1e-8
-    assert compose_optimal_epsilon(eps, 1e-9, k, delta_total * 1.5) <= base + 1e-8
+    base = compose_optimal_epsilon(eps=eps, delta=1e-9, k=k, delta_total=delta_total)
+    assert (
+        compose_optimal_epsilon(eps=eps, delta=1e-9, k=k + 7, delta_total=delta_total)
+        >= base - 1e-8
+    )
+    assert (
+        compose_optimal_epsilon(eps=eps, delta=1e-9, k=k, delta_total=delta_total * 1.5)
+        <= base + 1e-8
+    )
 
 
 def test_delta_total_at_the_delta_part_gives_k_eps():
     # delta = 0, delta_total = 0: only eps_total = k eps has delta_rr = 0.
-    assert compose_optimal_epsilon(0.3, 0.0, 5, 0.0) == pytest.approx(1.5, abs=1e-9)
-    assert compose_best_epsilon(0.3, 0.0, 5, 0.0) == pytest.approx(1.5, abs=1e-9)
+    assert compose_optimal_epsilon(eps=0.3, delta=0.0, k=5, delta_total=0.0) == pytest.approx(
+        1.5, abs=1e-9
+    )
+    assert compose_best_epsilon(eps=0.3, delta=0.0, k=5, delta_total=0.0) == pytest.approx(
+        1.5, abs=1e-9
+    )
 
 
 def test_large_k_is_finite_without_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for eps in (0.01, 1.0, 10.0):
-            value = compose_optimal_epsilon(eps, 1e-10, 10_000, 1e-5)
+            value = compose_optimal_epsilon(eps=eps, delta=1e-10, k=10_000, delta_total=1e-5)
             assert math.isfinite(value)
             assert 0 < value <= 10_000 * eps
-            assert math.isfinite(compose_optimal_delta(eps, 1e-10, 10_000, value / 2))
+            assert math.isfinite(
+                compose_optimal_delta(eps=eps, delta=1e-10, k=10_000, eps_total=value / 2)
+            )
         # Small eps: the optimum is far below basic composition (about 1.0 here vs 100).
-        assert compose_optimal_epsilon(0.01, 0.0, 10_000, 1e-5) < 0.1 * 10_000 * 0.01
+        assert (
+            compose_optimal_epsilon(eps=0.01, delta=0.0, k=10_000, delta_total=1e-5)
+            < 0.1 * 10_000 * 0.01
+        )
 
 
 def test_unreachable_delta_total_names_the_threshold():
     # 1 - (1 - 1e-6)^100 = 9.99950...e-05 > 1e-5.
     with pytest.raises(ValueError, match=r"delta_total must be >= 1 - \(1 - delta\)\^k = 9\.9995"):
-        compose_optimal_epsilon(0.1, 1e-6, 100, 1e-5)
+        compose_optimal_epsilon(eps=0.1, delta=1e-6, k=100, delta_total=1e-5)
     with pytest.raises(ValueError, match="delta_total must be"):
-        compose_best_epsilon(0.1, 1e-6, 100, 1e-5)
+        compose_best_epsilon(eps=0.1, delta=1e-6, k=100, delta_total=1e-5)
 
 
 # --- subsampling -------------------------------------------------------------------------
@@ -263,13 +292,15 @@ def test_unreachable_delta_total_names_the_threshold():
 
 def test_subsampling_by_hand():
     # log(1 + 0.1 (e - 1)) = log(1.1718281828459045) = 0.15856507874042912
-    eps_sub, delta_sub = subsample_dp(1.0, 1e-5, 0.1)
+    eps_sub, delta_sub = subsample_dp(eps=1.0, delta=1e-5, rate=0.1)
     assert eps_sub == pytest.approx(0.15856507874042912, rel=1e-14)
     assert delta_sub == pytest.approx(1e-6, rel=1e-14)
     # Tiny eps: about rate * eps, kept by log1p / expm1.
-    assert subsample_dp(1e-12, 0.0, 0.5)[0] == pytest.approx(5e-13, rel=1e-9)
+    assert subsample_dp(eps=1e-12, delta=0.0, rate=0.5)[0] == pytest.approx(5e-13, rel=1e-9)
     # Large eps does not overflow: eps + log(rate) + O(e^-eps).
-    assert subsample_dp(800.0, 0.0, 0.01)[0] == pytest.approx(800 + math.log(0.01), rel=1e-15)
+    assert subsample_dp(eps=800.0, delta=0.0, rate=0.01)[0] == pytest.approx(
+        800 + math.log(0.01), rel=1e-15
+    )
 
 
 @settings(max_examples=50, deadline=None)
@@ -279,11 +310,11 @@ def test_subsampling_by_hand():
     rate=st.floats(min_value=1e-6, max_value=1.0),
 )
 def test_subsampling_properties(eps, delta, rate):
-    eps_sub, delta_sub = subsample_dp(eps, delta, rate)
+    eps_sub, delta_sub = subsample_dp(eps=eps, delta=delta, rate=rate)
     assert 0.0 <= eps_sub <= eps
     assert delta_sub <= delta
-    assert subsample_dp(eps, delta, 1.0) == pytest.approx((eps, delta), rel=1e-15)
-    assert subsample_dp(eps, delta, rate / 2)[0] <= eps_sub
+    assert subsample_dp(eps=eps, delta=delta, rate=1.0) == pytest.approx((eps, delta), rel=1e-15)
+    assert subsample_dp(eps=eps, delta=delta, rate=rate / 2)[0] <= eps_sub
 
 
 # --- argument checks ---------------------------------------------------------------------

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shuffle_opacus.analysis.conversion import rdp_to_dp
-from shuffle_opacus.analysis.girgis import (
+from shuffle_opacus.analysis.rdp.conversion import rdp_to_dp
+from shuffle_opacus.analysis.rdp.girgis import (
     DEFAULT_GIRGIS_ORDERS,
     girgis_epsilon,
     girgis_nbar,

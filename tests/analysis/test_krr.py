@@ -17,7 +17,7 @@ from functools import cache
 import numpy as np
 import pytest
 
-from shuffle_opacus.analysis.krr import (
+from shuffle_opacus.analysis.pld.krr import (
     KRR_ADVERSARIES,
     _strong_outcomes,
     _weak_chunks,

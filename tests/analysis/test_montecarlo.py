@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from shuffle_opacus.analysis import shuffle_gaussian_rdp
-from shuffle_opacus.analysis.analytic_gaussian import gaussian_dp_delta
-from shuffle_opacus.analysis.conversion import delta_from_rdp
+from shuffle_opacus.analysis.approximate.analytic_gaussian import gaussian_dp_delta
 from shuffle_opacus.analysis.montecarlo import shuffled_gaussian_delta_mc
+from shuffle_opacus.analysis.rdp.conversion import delta_from_rdp
 
 SAMPLES = 200_000
 
@@ -78,7 +78,7 @@ def test_bad_arguments(kwargs, message):
 @pytest.mark.parametrize("delta", [1e-3, 1e-6, 1e-10])
 def test_delta_from_rdp_inverts_lemma2(sigma, delta):
     from shuffle_opacus.analysis import rdp_to_dp
-    from shuffle_opacus.analysis.central import gaussian_rdp
+    from shuffle_opacus.analysis.rdp.central import gaussian_rdp
 
     orders = np.arange(2, 513)
     rdp = gaussian_rdp(sigma=sigma, orders=orders)

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from scipy.special import logsumexp
 from scipy.stats import binom, norm
 
-from shuffle_opacus.analysis.analytic_gaussian import gaussian_dp_delta
-from shuffle_opacus.analysis.clones import clones_delta
-from shuffle_opacus.analysis.conversion import delta_from_rdp
+from shuffle_opacus.analysis.approximate.analytic_gaussian import gaussian_dp_delta
+from shuffle_opacus.analysis.approximate.clones import clones_delta
 from shuffle_opacus.analysis.pld import (
+    DEFAULT_DISCRETIZATION,
     compose_plds,
     feldman_pair,
     ldp_shuffle_delta,
@@ -32,6 +32,7 @@ from shuffle_opacus.analysis.pld import (
     subsampled_ldp_shuffle_pld,
     subsampled_profile,
 )
+from shuffle_opacus.analysis.rdp.conversion import delta_from_rdp
 
 DISC = 1e-4
 
@@ -117,7 +118,10 @@ def test_gaussian_through_binning_and_composition(sigma: float) -> None:
 def test_heterogeneous_gaussian_composition() -> None:
     s1, s2 = 1.5, 3.0
     composed = compose_plds(
-        [PrivacyLossDistribution(_gaussian_pmf(s1)), PrivacyLossDistribution(_gaussian_pmf(s2))]
+        plds=[
+            PrivacyLossDistribution(_gaussian_pmf(s1)),
+            PrivacyLossDistribution(_gaussian_pmf(s2)),
+        ]
     )
     s = (s1**-2 + s2**-2) ** -0.5
     for eps in (0.2, 1.0):
@@ -165,7 +169,7 @@ def test_two_fold_heterogeneous_against_brute_force() -> None:
 def test_steps_equal_explicit_composition() -> None:
     one = ldp_shuffle_pld(n=300, eps0=2.0)
     three = ldp_shuffle_pld(n=300, eps0=2.0, steps=3)
-    explicit = compose_plds([one, one, one])
+    explicit = compose_plds(plds=[one, one, one])
     for eps in (0.1, 0.5, 1.0):
         assert three.get_delta_for_epsilon(eps) == pytest.approx(
             explicit.get_delta_for_epsilon(eps), rel=1e-6, abs=1e-14
@@ -218,7 +222,11 @@ def test_lemma11_keeps_few_outcomes() -> None:
 def test_not_above_clones_numerical(n: int, eps0: float, eps: float) -> None:
     # FMT22's pair has Bin(n-1, 2/(e^eps0+1)) clones against Bin(n-1, e^-eps0) in the 2021
     # analysis; seed 000 Figure 1 shows the PLD at or below the clones numerical bound.
-    assert ldp_shuffle_delta(eps, n=n, eps0=eps0) <= clones_delta(eps, n=n, eps0=eps0).upper + 1e-9
+    # Pessimistic rounding moves every loss up by at most one grid step (1e-4), so the PLD's
+    # delta at eps is bounded by the true delta at eps - 1e-4 (eps = eps0 is an edge case).
+    slack = eps - DEFAULT_DISCRETIZATION
+    bound = clones_delta(max(0.0, slack), n=n, eps0=eps0).upper
+    assert ldp_shuffle_delta(eps, n=n, eps0=eps0) <= bound + 1e-9
 
 
 @pytest.mark.parametrize(("n", "eps0"), [(1000, 2.0), (10_000, 4.0)])
@@ -345,4 +353,4 @@ def test_bad_targets() -> None:
     with pytest.raises(ValueError, match="losses and masses must have the same length"):
         pmf_from_losses(np.zeros(2), np.zeros(3), infinity_mass=0.0)
     with pytest.raises(ValueError, match="plds must hold at least one"):
-        compose_plds([])
+        compose_plds(plds=[])

@@ -14,7 +14,7 @@ from shuffle_opacus.analysis import (
     no_shuffle_rdp,
     shuffle_gaussian_rdp,
 )
-from shuffle_opacus.analysis.series import (
+from shuffle_opacus.analysis.rdp.series import (
     log_gaussian_excess,
     shuffle_log_excess_binexp,
     shuffle_log_excess_miller,

@@ -6,8 +6,7 @@ import copy
 
 import pytest
 import yaml
-
-from experiments.config import ConfigError, apply_overrides, load_config, validate
+from shuffle_experiments.config import ConfigError, apply_overrides, load_config, validate
 
 BASE = {
     "name": "t",
@@ -87,13 +86,13 @@ def test_missing_sections_and_subsampled_rules():
     with pytest.raises(ConfigError, match=r"sample_size must be < the number of clients \(60000\)"):
         validate(raw)
     raw = with_value("protocol", {"kind": "full"})
-    with pytest.raises(ConfigError, match="check-in methods"):
+    with pytest.raises(ConfigError, match="theorem3 is not available for protocol.kind full"):
         validate(raw)
     raw["privacy"]["accountants"] = ["exact", "no-shuffle", "central", "clones"]
     assert validate(raw).protocol.kind == "full"
     raw = with_value("protocol", {"kind": "subsampled", "sample_size": 600})
     raw["privacy"]["accountants"] = ["exact", "clones"]
-    with pytest.raises(ConfigError, match="clones is available for protocol.kind checkin or full"):
+    with pytest.raises(ConfigError, match="clones is not available for protocol.kind subsampled"):
         validate(raw)
 
 

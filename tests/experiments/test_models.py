@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from opacus.validators import ModuleValidator
-
-from experiments.models import build_model
+from shuffle_experiments.models import build_model
 
 
 @pytest.mark.parametrize(("name", "params"), [("cnn", 26010), ("mlp", 101770)])

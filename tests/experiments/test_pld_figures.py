@@ -1,6 +1,6 @@
 """The seed 000 figures in docs/figures: the shipped data keep the orderings the paper reports.
 
-The CSVs are produced by ``python -m experiments.pld_figures`` (about 30 s, too slow for the
+The CSVs are produced by ``shuffle-experiment pld-figures`` (about 30 s, too slow for the
 suite); these tests read them, so a regenerated figure that breaks an ordering fails here.
 """
 
@@ -11,8 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-
-from experiments.pld_figures import FIGURES, write
+from shuffle_experiments.pld_figures import FIGURES, write
 
 FIGS = Path(__file__).resolve().parents[2] / "docs" / "figures"
 # The figures use a truncated mass of 1e-15 per round, which every PLD delta includes; below

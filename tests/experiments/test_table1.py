@@ -5,10 +5,17 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from shuffle_experiments.table1 import (
+    COMPOSITIONS,
+    PAPER_CLONES,
+    PAPER_RDP,
+    SIGMA,
+    N,
+    recipe_clones,
+)
 
-from experiments.table1 import COMPOSITIONS, PAPER_CLONES, PAPER_RDP, SIGMA, N, recipe_clones
 from shuffle_opacus.analysis import compute_epsilon
-from shuffle_opacus.analysis.conversion import OrderCapWarning
+from shuffle_opacus.analysis.rdp.conversion import OrderCapWarning
 
 
 def test_recipe_reproduces_the_published_clones_row():

@@ -42,17 +42,25 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import binom
 
-from ._validation import check_delta, check_int, check_positive, check_probability
+from .._validation import check_delta, check_int, check_positive, check_probability
+from ..results import AccountingResult
 from .clones import (
     CLONES_METHODS,
     ClonesValidityWarning,
     clones_closed_form,
     clones_epsilon,
     clones_gaussian,
+    closed_form_limit,
 )
 from .composition import compose_optimal_epsilon
 
-__all__ = ["RoundProfile", "composed_epsilon", "composed_epsilons", "round_profile"]
+__all__ = [
+    "RoundProfile",
+    "composed_epsilon",
+    "composed_epsilons",
+    "round_profile",
+    "clones_results",
+]
 
 
 @dataclass(frozen=True)
@@ -184,7 +192,10 @@ def composed_epsilon(profile: RoundProfile, *, steps: int, delta: float) -> floa
         if -math.expm1(steps * math.log1p(-d)) > delta:
             continue
         try:
-            best = min(best, compose_optimal_epsilon(float(e), float(d), steps, delta))
+            best = min(
+                best,
+                compose_optimal_epsilon(eps=float(e), delta=float(d), k=steps, delta_total=delta),
+            )
         except ValueError:  # no room left for the composition at this grid point
             continue
     return best
@@ -236,3 +247,85 @@ def composed_epsilons(
         decades=decades,
     )
     return [composed_epsilon(profile, steps=s, delta=delta) for s in counts]
+
+
+_COMPOSITION = "optimal (Kairouz-Oh-Viswanath)"
+
+
+def clones_results(
+    *,
+    n: int,
+    steps: Sequence[int],
+    delta: float,
+    eps0: float | None = None,
+    sigma: float | None = None,
+    rate: float | None = None,
+    method: str = "numerical",
+) -> list[AccountingResult]:
+    """Return the clones baseline as result records, one per round count.
+
+    Give ``eps0`` for ``eps0``-LDP reports (mechanism ``clones``) or ``sigma`` for Gaussian
+    reports (``clones-gaussian``; ``sigma`` over the input domain's diameter, optionally with a
+    check-in ``rate``). One round is the clones bound itself; more rounds compose by the optimal
+    composition theorem with the best per-round delta (:func:`composed_epsilons`). A one-round
+    numerical ``eps0`` result carries the method's certified lower end (``epsilon_lower``); a
+    closed form outside its validity condition gives ``epsilon = inf`` with a note saying why.
+
+    Args:
+        n: Population (integer >= 1).
+        steps: Round counts (integers >= 1), one result each.
+        delta: Total delta in ``(0, 1)``.
+        eps0: Local epsilon of each report (> 0).
+        sigma: Noise std over the input domain's L2 diameter (> 0).
+        rate: Check-in rate (Gaussian reports only), or ``None`` for every user every round.
+        method: ``"numerical"`` or ``"closed-form"``.
+
+    Returns:
+        One :class:`~shuffle_opacus.analysis.AccountingResult` (``kind="approximate"``) per
+        entry of ``steps``.
+
+    Raises:
+        ValueError: on an out-of-range or inconsistent argument.
+    """
+    gaussian = sigma is not None
+    if gaussian == (eps0 is not None):
+        raise ValueError("give exactly one of sigma (Gaussian reports) and eps0 (eps0-LDP).")
+    if rate is not None and not gaussian:
+        raise ValueError(f"rate applies to Gaussian reports (sigma) only. Found {rate!r}.")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ClonesValidityWarning)
+        epsilons = composed_epsilons(
+            n=n, sigma=sigma, eps0=eps0, steps=steps, delta=delta, rate=rate, method=method
+        )
+    key, value = ("sigma", sigma) if gaussian else ("eps0", eps0)
+    results = []
+    for count, eps in zip(steps, epsilons, strict=True):
+        note = None
+        if not math.isfinite(eps):
+            note = "no bound"
+            if method == "closed-form":
+                limit = closed_form_limit(n=n, delta=delta)
+                note = f"closed form invalid: needs eps0 <= log(n/(16 log(4/delta))) = {limit:.4g}"
+        lower = None
+        if count == 1 and not gaussian and method == "numerical":
+            lower = clones_epsilon(n=n, eps0=eps0, delta=delta).lower  # type: ignore[arg-type]
+        results.append(
+            AccountingResult(
+                mechanism="clones-gaussian" if gaussian else "clones",
+                method=method,
+                epsilon=eps,
+                delta=delta,
+                steps=int(count),
+                parameters={"n": n, key: value, "rate": rate},
+                kind="approximate",
+                accounting=(
+                    "clones bound per round (Feldman, McMillan & Talwar); several rounds: "
+                    f"{_COMPOSITION} composition with the best per-round delta"
+                ),
+                neighbouring="replace-one user",
+                epsilon_lower=lower,
+                note=note,
+                extra={"composition": "none" if count == 1 else _COMPOSITION},
+            )
+        )
+    return results

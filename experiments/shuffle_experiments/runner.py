@@ -16,7 +16,7 @@ newest run):
     One row per round: ``round``, ``participants``, ``train_loss`` (mean over the round's
     clients, empty for an empty round), ``test_loss`` and ``test_accuracy`` (at evaluation
     rounds only) and ``eps_<accountant>`` for every configured accountant (see
-    :mod:`experiments.curves`). Nothing in it depends on timing, so a resumed run writes the
+    :mod:`shuffle_experiments.curves`). Nothing in it depends on timing, so a resumed run writes the
     same file as an uninterrupted one.
 ``checkpoint.pt``
     Model, optimizer, accountant, noise-generator and torch RNG state and the round number,
@@ -25,7 +25,7 @@ newest run):
 ``summary.json``
     Final accuracy and epsilons, rounds, wall time and seconds per round.
 ``accuracy_vs_epsilon.png/.csv``, ``epsilon_vs_rounds.png/.csv``
-    The plots of :mod:`experiments.plots` and the data they show.
+    The plots of :mod:`shuffle_experiments.plots` and the data they show.
 
 Resuming rebuilds everything from the checkpoint: the sampler restarts at the saved round (its
 batches are a function of the seed and the round only), the noise generator continues from its
@@ -58,10 +58,11 @@ from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import DataLoader, TensorDataset
 
 import shuffle_opacus
-from shuffle_opacus.data import load_mnist
+from shuffle_opacus import get_protocol
 
 from .config import ConfigError, ExperimentConfig, load_config, validate
 from .curves import CURVE_LABELS, EpsilonCurves
+from .data import load_mnist
 from .models import build_model
 
 __all__ = ["RunResult", "run", "resume", "new_run_dir", "METRICS_FILE", "CHECKPOINT_FILE"]
@@ -74,7 +75,6 @@ SUMMARY_FILE = "summary.json"
 #: Mean and standard deviation of MNIST training pixels in [0, 1], used to standardise inputs.
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
-_ACCOUNTANT = {"checkin": "shuffled_checkin", "subsampled": "subsampled_shuffle", "full": "shuffle"}
 _EVAL_BATCH = 2000
 
 
@@ -228,7 +228,7 @@ class _Session:
             # Opacus's reminder that its RNG is not cryptographically secure: this is a
             # simulation whose noise must be reproducible from the seed.
             warnings.filterwarnings("ignore", message="Secure RNG turned off")
-            self.engine = PrivacyEngine(accountant=_ACCOUNTANT[config.protocol.kind])
+            self.engine = PrivacyEngine(accountant=get_protocol(config.protocol.kind).accountant)
         p = config.protocol
         loader = DataLoader(TensorDataset(self.train_x, self.train_y), batch_size=1)
         self.model, self.optimizer, private_loader = shuffle_opacus.make_private(
@@ -240,7 +240,7 @@ class _Session:
             max_grad_norm=config.privacy.clipping_norm,
             rounds=config.training.rounds,
             rate=p.rate,
-            sample_size=p.sample_size if p.kind == "subsampled" else None,
+            sample_size=p.sample_size,
             seed=config.seed,
             start_round=start_round,
             sensitivity=config.privacy.sensitivity,
@@ -505,7 +505,7 @@ def run(
     """Train from scratch according to ``config``.
 
     Args:
-        config: A validated config (see :func:`experiments.config.load_config`).
+        config: A validated config (see :func:`shuffle_experiments.config.load_config`).
         run_dir: Directory to write into (must be empty or absent); by default a new
             ``output_dir/name/<timestamp>``.
         progress: Show a progress bar.
@@ -518,7 +518,7 @@ def run(
 
     Raises:
         ConfigError: if ``run_dir`` is not empty.
-        shuffle_opacus.data.MnistNotFoundError: if MNIST cannot be found.
+        shuffle_experiments.data.MnistNotFoundError: if MNIST cannot be found.
     """
     config = validate(config.model_dump(mode="json"))
     if run_dir is None:

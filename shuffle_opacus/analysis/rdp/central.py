@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import check_orders, check_positive, check_probability
+from .._validation import check_orders, check_positive, check_probability
 from .series import log_gaussian_excess, mixture_log_excess
 
 __all__ = ["gaussian_rdp", "poisson_subsampled_gaussian_rdp"]

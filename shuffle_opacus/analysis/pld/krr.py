@@ -1,13 +1,16 @@
-"""Tight PLD accounting for shuffled k-randomised response (seed 000 §4 and Appendix C).
+"""Tight PLD accounting for shuffled k-randomised response.
 
-The local randomiser of Balle et al. (2019) returns the true value in ``[k]`` with probability
-``1 - gamma`` and a uniformly random value in ``[k]`` (possibly the true one) with probability
-``gamma``; it is ``eps0``-LDP with ``eps0 = log(((1 - gamma) k + gamma) / gamma)``
-(:func:`krr_eps0`). The server sees the shuffled reports, i.e. the histogram of the ``n`` values.
-Neighbouring datasets differ in user ``n``: ``x_n = 1`` and ``x'_n = 2`` (w.l.o.g.). ``P`` is the
-law of the adversary's view under ``X``, ``Q`` under ``X'``.
+Koskela, Heikkilä & Honkela, *Numerical Accounting in the Shuffle Model of Differential
+Privacy* (arXiv:2106.00477; "KHH" below), §4 and Appendix C. The local randomiser of Balle,
+Bell, Gascón & Nissim, *The Privacy Blanket of the Shuffle Model* (arXiv:1903.02837) returns
+the true value in ``[k]`` with probability ``1 - gamma`` and a uniformly random value in ``[k]``
+(possibly the true one) with probability ``gamma``; it is ``eps0``-LDP with
+``eps0 = log(((1 - gamma) k + gamma) / gamma)`` (:func:`krr_eps0`). The server sees the
+shuffled reports, i.e. the histogram of the ``n`` values. Neighbouring datasets differ in user
+``n``: ``x_n = 1`` and ``x'_n = 2`` (w.l.o.g.). ``P`` is the law of the adversary's view under
+``X``, ``Q`` under ``X'``.
 
-Strong adversary ``A_s`` (seed 000 Def. 12; Balle et al. 2019, Thm. 3.1): it knows
+Strong adversary ``A_s`` (KHH Def. 12; Balle et al., Thm. 3.1): it knows
 ``x_1..x_{n-1}`` and ``beta in {0,1}^n`` (who answered randomly, user ``n`` included). If
 ``beta_n = 1`` (probability ``gamma``) user ``n``'s report is uniform whatever ``x_n``: loss 0.
 If ``beta_n = 0``, removing the known truthful reports leaves counts ``n1 = M1 + 1``,
@@ -20,7 +23,7 @@ are the random reports of the first ``n - 1`` users equal to 1 and 2 (jointly mu
 ``1 - gamma``, the law of ``log((M1 + 1)/M2)`` (``+inf`` at ``M2 = 0``); the add direction is
 ``log((M2 + 1)/M1)`` under the same latent law.
 
-Weak adversary ``A_w`` (seed 000 Def. 14, Theorem 15 and eqs. C.2–C.3): ``beta`` is known only
+Weak adversary ``A_w`` (KHH Def. 14, Theorem 15 and eqs. C.2–C.3): ``beta`` is known only
 for the first ``n - 1`` users. The statistic ``(B, n1, n2)`` is sufficient: ``B ~ Bin(n-1, gamma)``
 random responders among the first ``n - 1``; given ``B = b``, ``(M1, M2) ~ Multinomial(b; 1/k,
 1/k, 1 - 2/k)``; user ``n``'s report ``Y`` is 1 w.p. ``1 - gamma + gamma/k``, 2 w.p. ``gamma/k`` and
@@ -35,7 +38,8 @@ is a check in the tests, not an input. For ``k = 2`` the third category has prob
 
 Both PLDs are exact for their adversary (the loss is a function of the statistic, so its law
 under ``P`` is the PLD of the full views). Compositions of ``steps`` rounds are the
-``steps``-fold convolution (seed 000 Theorems 13 and 16, via Zhu et al. 2022), computed by
+``steps``-fold convolution (KHH Theorems 13 and 16, via Zhu, Dong &
+Wang, arXiv:2106.08567), computed by
 ``dp_accounting`` (FFT, pessimistic). ``delta(eps)`` is the hockey-stick divergence
 ``H_{e^eps}`` of the composition, the larger of the two directions.
 
@@ -63,8 +67,8 @@ Small cases: for ``n = 1`` the weak adversary sees one k-RR report, so ``delta(e
 ``gamma = 1`` both PLDs are a point mass at 0.
 
 Discretisation: losses are rounded up to multiples of ``discretization`` by
-:func:`~shuffle_opacus.analysis.pld.pmf_from_losses` (pessimistic), so every delta returned is an
-upper bound on the exact one up to floating-point error.
+:func:`~shuffle_opacus.analysis.pld.common.pmf_from_losses` (pessimistic), so every delta
+returned is an upper bound on the exact one up to floating-point error.
 
 :func:`krr_tail_delta` gives the quantity the paper plots (Theorems 13/16): ``P(Z >= eps)`` for
 one round. It is an upper bound on the hockey-stick delta, since
@@ -74,19 +78,22 @@ one round. It is an upper bound on the hockey-stick delta, since
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from scipy.special import gammaln, xlogy
 from scipy.stats import binom
 
-from ._validation import check_delta, check_int, check_nonnegative, check_probability
-from .pld import (
+from .._validation import check_delta, check_int, check_nonnegative, check_probability
+from ..results import AccountingResult
+from .common import (
     DEFAULT_DISCRETIZATION,
     DEFAULT_TAIL,
-    _check_discretization,
-    _check_tail,
+    check_discretization,
+    check_tail,
+    default_tail,
+    pld_results,
     pmf_from_losses,
 )
 
@@ -97,6 +104,7 @@ __all__ = [
     "krr_delta",
     "krr_epsilon",
     "krr_tail_delta",
+    "krr_results",
 ]
 
 KRR_ADVERSARIES = ("strong", "weak")
@@ -355,8 +363,8 @@ def krr_pld(
     n, k, gamma = _check_common(n, k, gamma)
     adversary = _check_adversary(adversary)
     steps = check_int("steps", steps, minimum=1)
-    discretization = _check_discretization(discretization)
-    tail = _check_tail(tail)
+    discretization = check_discretization(discretization)
+    tail = check_tail(tail)
     if adversary == "strong":
         loss_r, mass_r, loss_a, mass_a, neglected = _strong_outcomes(n, k, gamma, tail)
     else:
@@ -419,7 +427,7 @@ def krr_epsilon(
     adversary: str = "strong",
     steps: int = 1,
     discretization: float = DEFAULT_DISCRETIZATION,
-    tail: float = DEFAULT_TAIL,
+    tail: float | None = None,
 ) -> float:
     """Smallest epsilon on the loss grid with ``delta(epsilon) <= delta`` for shuffled k-RR.
 
@@ -431,7 +439,8 @@ def krr_epsilon(
         adversary: One of :data:`KRR_ADVERSARIES` (see :func:`krr_pld`).
         steps: Number of rounds, ``>= 1``.
         discretization: Loss grid step, in ``(0, 1]``.
-        tail: Budget for the truncated mass per round, in ``(0, 1)``.
+        tail: Budget for the truncated mass per round, in ``(0, 1)``; by default
+            ``min(1e-12, 1e-3 delta / steps)`` (:func:`~.common.default_tail`).
 
     Returns:
         epsilon, clamped at 0 (``inf`` if ``delta`` is below the mass at infinite loss, e.g.
@@ -441,6 +450,8 @@ def krr_epsilon(
         ValueError: if an argument is out of range.
     """
     delta = check_delta(delta)
+    if tail is None:
+        tail = default_tail(delta, check_int("steps", steps, minimum=1))
     pld = krr_pld(
         n=n,
         k=k,
@@ -462,7 +473,7 @@ def krr_tail_delta(
     adversary: str = "strong",
     tail: float = DEFAULT_TAIL,
 ) -> float:
-    """Return the paper's one-round bound ``P(Z >= eps)`` (seed 000 Theorems 13 and 16).
+    """Return the paper's one-round bound ``P(Z >= eps)`` (KHH Theorems 13 and 16).
 
     Strong adversary (Theorem 13, eq. C.7): ``Z = log(N1/N2)`` with ``N1 = M1 + 1``, ``N2 = M2``
     and ``(M1, M2)`` *jointly* multinomial, ``Multinomial(n - 1; gamma/k, gamma/k, ...)``: both
@@ -474,7 +485,7 @@ def krr_tail_delta(
     Weak adversary (Theorem 16): ``Z`` is the privacy loss ``log P(b, n1, n2)/Q(b, n1, n2)`` under
     ``P``, with the joint law of ``(B, n1, n2)`` of the proof of Theorem 15 (eq. C.2).
 
-    This is what seed 000 plots (Figure 4, through its Fourier accountant). It bounds the
+    This is what KHH plots (Figure 4, through its Fourier accountant). It bounds the
     hockey-stick delta of :func:`krr_delta` from above: ``H_{e^eps} = E[(1 - e^{eps - L})_+]
     <= P(L >= eps)`` (and for ``A_s`` the omitted factor ``1 - gamma`` only adds). The PLD route
     is therefore tighter. Ties ``Z = eps`` count (relative tolerance ``1e-12``), and the bound on
@@ -497,7 +508,7 @@ def krr_tail_delta(
     eps = check_nonnegative("eps", eps)
     n, k, gamma = _check_common(n, k, gamma)
     adversary = _check_adversary(adversary)
-    tail = _check_tail(tail)
+    tail = check_tail(tail)
     threshold = eps - 1e-12 * max(1.0, eps)
     if adversary == "strong":
         m1, m2, log_mass, out = _strong_latent(n, k, gamma, tail)
@@ -509,3 +520,43 @@ def krr_tail_delta(
             z = _weak_loss(log_p, log_q)
             total += float(np.exp(log_p[z >= threshold]).sum())
     return min(1.0, total)
+
+
+def krr_results(
+    *,
+    n: int,
+    k: int,
+    gamma: float,
+    steps: Sequence[int],
+    delta: float,
+    adversary: str = "strong",
+) -> list[AccountingResult]:
+    """Epsilon of shuffled k-RR after each round count, as result records.
+
+    The PLD of one round (:func:`krr_pld`) is built once with the truncated mass per round set
+    by :func:`~.common.default_tail` for the largest count, then composed.
+
+    Args:
+        n: Users per round, ``>= 1``.
+        k: Domain size, an integer ``>= 2``.
+        gamma: Probability that a user answers uniformly at random, in ``(0, 1]``.
+        steps: Round counts (integers >= 1), one result each.
+        delta: Target delta in ``(0, 1)``.
+        adversary: One of :data:`KRR_ADVERSARIES`.
+
+    Returns:
+        One :class:`~shuffle_opacus.analysis.AccountingResult` (``kind="pld"``) per count.
+
+    Raises:
+        ValueError: on an out-of-range argument.
+    """
+    counts = [check_int("steps", s, minimum=1) for s in steps]
+    if not counts:
+        raise ValueError("steps must list at least one round count.")
+    tail = default_tail(delta, max(counts))
+    adversary = _check_adversary(adversary)
+    base = krr_pld(n=n, k=k, gamma=gamma, adversary=adversary, tail=tail)
+    parameters = {"n": n, "k": k, "gamma": gamma, "adversary": adversary}
+    return pld_results(
+        base, mechanism="krr", parameters=parameters, steps=counts, delta=delta, tail=tail
+    )

@@ -2,7 +2,7 @@
 
 Each figure is written as ``pld_figN.png`` with its data as ``pld_figN.csv`` (long format: one row
 per point, columns ``curve, x, y`` plus the figure's parameters) into ``--out`` (default
-``docs/figures``). Run ``python -m experiments.pld_figures [--only 1 4] [--out DIR]``; all five
+``docs/figures``). Run ``shuffle-experiment pld-figures [--only 1 4] [--out DIR]``; all five
 take a few minutes on one core.
 
 1. ``delta(eps)`` of shuffled ``eps0``-LDP reports, ``n = 10^4``, ``eps0 = 4``, one and two
@@ -40,9 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shuffle_opacus.analysis.clones import clones_delta
-from shuffle_opacus.analysis.composition import compose_optimal_delta
-from shuffle_opacus.analysis.conversion import delta_from_rdp, rdp_to_dp
+from shuffle_opacus.analysis.approximate.clones import clones_delta
+from shuffle_opacus.analysis.approximate.composition import compose_optimal_delta
 from shuffle_opacus.analysis.montecarlo import shuffled_gaussian_delta_mc
 from shuffle_opacus.analysis.pld import (
     feldman_pair,
@@ -51,7 +50,8 @@ from shuffle_opacus.analysis.pld import (
     subsampled_ldp_shuffle_pld,
     subsampled_profile,
 )
-from shuffle_opacus.analysis.shuffle_gaussian import shuffle_gaussian_rdp
+from shuffle_opacus.analysis.rdp.conversion import delta_from_rdp, rdp_to_dp
+from shuffle_opacus.analysis.rdp.shuffle_gaussian import shuffle_gaussian_rdp
 
 __all__ = ["FIGURES", "main", "write"]
 
@@ -76,7 +76,7 @@ def figure1() -> list[Row]:
     for eps in eps_grid:
         e = float(eps)
         kov = min(
-            compose_optimal_delta(float(e1), min(d1, 1.0 - 1e-12), 2, e)
+            compose_optimal_delta(eps=float(e1), delta=min(d1, 1.0 - 1e-12), k=2, eps_total=e)
             for e1, d1 in zip(per_round, per_round_delta, strict=True)
         )
         values = {
@@ -127,7 +127,7 @@ def figure2() -> list[Row]:
 
 def figure3() -> list[Row]:
     """``eps(1e-6)`` against compositions: PLD (Lemma 7) vs Girgis et al. RDP."""
-    from shuffle_opacus.analysis.girgis import girgis_subsampled_rdp
+    from shuffle_opacus.analysis.rdp.girgis import girgis_subsampled_rdp
 
     n, m, eps0, delta = 1_000_000, 10_000, 2.0, 1e-6
     steps = (1, 3, 10, 30, 100, 300, 1000, 3000, 10_000)
@@ -148,7 +148,7 @@ def figure3() -> list[Row]:
 
 def figure4() -> list[Row]:
     """Shuffled k-RR: strong vs weak adversary vs the general eps0 analysis."""
-    from shuffle_opacus.analysis.krr import krr_eps0, krr_pld
+    from shuffle_opacus.analysis.pld.krr import krr_eps0, krr_pld
 
     n, gamma, k = 1000, 0.25, 4
     eps0 = krr_eps0(k=k, gamma=gamma)

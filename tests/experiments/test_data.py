@@ -7,8 +7,7 @@ import pickle
 
 import numpy as np
 import pytest
-
-from shuffle_opacus.data import (
+from shuffle_experiments.data import (
     IDX_FILES,
     MnistNotFoundError,
     load_mnist,

@@ -45,7 +45,7 @@ import math
 import numpy as np
 from scipy.special import gammaln, logsumexp
 
-from ._validation import (
+from .._validation import (
     check_delta,
     check_int,
     check_nonnegative,
@@ -122,7 +122,7 @@ def _optimal_delta(eps: float, delta: float, k: int, eps_total: float) -> float:
     return min(1.0, base + keep * _delta_rr(eps, k, eps_total))
 
 
-def compose_basic(eps: float, delta: float, k: int) -> tuple[float, float]:
+def compose_basic(*, eps: float, delta: float, k: int) -> tuple[float, float]:
     """Compose ``k`` adaptively chosen ``(eps, delta)``-DP mechanisms by basic composition.
 
     The homogeneous k-fold adaptive composition of ``(eps, delta)``-DP mechanisms (same
@@ -143,7 +143,9 @@ def compose_basic(eps: float, delta: float, k: int) -> tuple[float, float]:
     return k * eps, k * delta
 
 
-def compose_advanced(eps: float, delta: float, k: int, delta_slack: float) -> tuple[float, float]:
+def compose_advanced(
+    *, eps: float, delta: float, k: int, delta_slack: float
+) -> tuple[float, float]:
     """Advanced composition of Dwork, Rothblum & Vadhan (Dwork & Roth 2014, Theorem 3.20).
 
     The homogeneous k-fold adaptive composition of ``(eps, delta)``-DP mechanisms (same
@@ -173,7 +175,7 @@ def compose_advanced(eps: float, delta: float, k: int, delta_slack: float) -> tu
     return eps_total, k * delta + delta_slack
 
 
-def compose_optimal_delta(eps: float, delta: float, k: int, eps_total: float) -> float:
+def compose_optimal_delta(*, eps: float, delta: float, k: int, eps_total: float) -> float:
     """Smallest delta of k-fold composition at ``eps_total`` (Kairouz, Oh & Viswanath 2015).
 
     For the homogeneous k-fold adaptive composition of ``(eps, delta)``-DP mechanisms (same
@@ -201,7 +203,7 @@ def compose_optimal_delta(eps: float, delta: float, k: int, eps_total: float) ->
 
 
 def compose_optimal_epsilon(
-    eps: float, delta: float, k: int, delta_total: float, tol: float = 1e-9
+    *, eps: float, delta: float, k: int, delta_total: float, tol: float = 1e-9
 ) -> float:
     """Smallest epsilon of k-fold composition at ``delta_total`` (Kairouz, Oh & Viswanath 2015).
 
@@ -249,7 +251,7 @@ def compose_optimal_epsilon(
     return hi
 
 
-def compose_best_epsilon(eps: float, delta: float, k: int, delta_total: float) -> float:
+def compose_best_epsilon(*, eps: float, delta: float, k: int, delta_total: float) -> float:
     """Smallest epsilon at ``delta_total`` over basic, advanced and optimal composition.
 
     For the homogeneous k-fold adaptive composition of ``(eps, delta)``-DP mechanisms (same
@@ -272,15 +274,17 @@ def compose_best_epsilon(eps: float, delta: float, k: int, delta_total: float) -
     """
     eps, delta, k = _check_common(eps, delta, k)
     delta_total = _check_delta0("delta_total", delta_total)
-    candidates = [compose_optimal_epsilon(eps, delta, k, delta_total)]
+    candidates = [compose_optimal_epsilon(eps=eps, delta=delta, k=k, delta_total=delta_total)]
     if k * delta <= delta_total:
-        candidates.append(compose_basic(eps, delta, k)[0])
+        candidates.append(compose_basic(eps=eps, delta=delta, k=k)[0])
     if delta_total - k * delta > 0.0:
-        candidates.append(compose_advanced(eps, delta, k, delta_total - k * delta)[0])
+        candidates.append(
+            compose_advanced(eps=eps, delta=delta, k=k, delta_slack=delta_total - k * delta)[0]
+        )
     return min(candidates)
 
 
-def subsample_dp(eps: float, delta: float, rate: float) -> tuple[float, float]:
+def subsample_dp(*, eps: float, delta: float, rate: float) -> tuple[float, float]:
     """Amplification by Poisson subsampling of an ``(eps, delta)``-DP mechanism.
 
     If ``M`` is ``(eps, delta)``-DP with respect to adding or removing one record, then ``M``

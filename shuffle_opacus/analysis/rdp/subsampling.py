@@ -18,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import gammaln
 
-from ._validation import check_int, check_orders, check_positive
-from .series import NEG_INF, egf_log_conv_at, shuffle_log_excess
+from .._validation import check_int, check_orders, check_positive, check_probability
+from .series import NEG_INF, egf_log_conv_at, log_gaussian_excess, shuffle_log_excess
 
-__all__ = ["subsampled_shuffle_rdp", "wang_log_excess"]
+__all__ = ["subsampled_shuffle_rdp", "subsampled_gaussian_rdp", "wang_log_excess"]
 
 
 def wang_log_excess(
@@ -84,4 +84,33 @@ def subsampled_shuffle_rdp(
     orders_arr = check_orders(orders)
     log_e = shuffle_log_excess(m, sigma, int(orders_arr[-1]))
     log_s = wang_log_excess(m / n, log_e, orders_arr)[0]
+    return np.logaddexp(0.0, log_s) / (orders_arr - 1.0)
+
+
+def subsampled_gaussian_rdp(
+    *, rate: float, sigma: float, orders: np.ndarray | list[int]
+) -> np.ndarray:
+    """Wang et al. (Theorem 9) bound for the Gaussian run on ``m = rate * n`` of ``n`` users.
+
+    The same subsampling-without-replacement bound as :func:`subsampled_shuffle_rdp`, applied
+    to the plain Gaussian (``(j - 1) eps(j) = j (j - 1) / (2 sigma^2)``) instead of the shuffle:
+    the ``no-shuffle`` reference of the subsampled protocol (Corollary 1 in place of
+    Theorem 1) and, with the noise of the sum, its ``central`` reference.
+
+    Args:
+        rate: Sampling ratio ``m / n`` in ``(0, 1]``.
+        sigma: Noise std divided by the L2 distance of the differing user's inputs (> 0).
+        orders: Integer Rényi orders >= 2.
+
+    Returns:
+        Per-round RDP upper bound at each order of ``np.unique(orders)``.
+
+    Raises:
+        ValueError: on an out-of-range argument.
+    """
+    rate = check_probability("rate", rate)
+    sigma = check_positive("sigma", sigma)
+    orders_arr = check_orders(orders)
+    log_e = log_gaussian_excess(sigma, int(orders_arr[-1]))
+    log_s = wang_log_excess(rate, log_e, orders_arr)[0]
     return np.logaddexp(0.0, log_s) / (orders_arr - 1.0)

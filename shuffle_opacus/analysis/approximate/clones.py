@@ -37,7 +37,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.stats import binom
 
-from ._validation import check_delta, check_int, check_nonnegative, check_positive
+from .._validation import check_delta, check_int, check_nonnegative, check_positive
 from .analytic_gaussian import gaussian_dp_epsilon
 
 __all__ = [

@@ -44,7 +44,7 @@ import math
 import numpy as np
 from scipy.special import gammaln
 
-from ._validation import (
+from .._validation import (
     check_delta,
     check_int,
     check_nonnegative,
@@ -215,7 +215,7 @@ def girgis_epsilon(
 
     The per-round RDP (:func:`girgis_rdp`, or :func:`girgis_subsampled_rdp` when ``rate`` is
     given) is multiplied by ``steps`` (RDP adds up under adaptive composition) and converted
-    with :func:`~shuffle_opacus.analysis.conversion.rdp_to_dp` (Lemma 2), minimised over the
+    with :func:`~shuffle_opacus.analysis.rdp.conversion.rdp_to_dp` (Lemma 2), minimised over the
     orders. The minimising order is not reported; if it is the largest order the result may
     improve with more orders.
 

@@ -9,17 +9,51 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
+from shuffle_opacus import PROTOCOLS, get_protocol
 from shuffle_opacus.protocols import resolve_sensitivity
 
-__all__ = ["ACCOUNTANT_CURVES", "ConfigError", "ExperimentConfig", "load_config", "apply_overrides"]
+__all__ = [
+    "BASELINES",
+    "ALL_CURVES",
+    "ConfigError",
+    "ExperimentConfig",
+    "curve_names",
+    "load_config",
+    "apply_overrides",
+]
 
-#: Curves the experiment can report, one epsilon per round each.
-ACCOUNTANT_CURVES: tuple[str, ...] = ("exact", "sum", "theorem3", "no-shuffle", "central")
+#: The approximate-DP baselines and the protocols they exist for.
+BASELINES: dict[str, tuple[str, ...]] = {"clones": ("checkin", "full")}
+
+
+def curve_names(protocol: str) -> tuple[str, ...]:
+    """Return the curves a run of ``protocol`` can report (see :mod:`.curves`).
+
+    ``exact`` (the protocol's default method), every method and reference curve of its
+    analysis, and the baselines that exist for it.
+    """
+    spec = get_protocol(protocol)
+    baselines = tuple(b for b, kinds in BASELINES.items() if spec.name in kinds)
+    names = ("exact", *spec.methods, *spec.references, *baselines)
+    return tuple(dict.fromkeys(names))
+
+
+#: Every curve name, over all protocols.
+ALL_CURVES: tuple[str, ...] = tuple(
+    dict.fromkeys(name for protocol in PROTOCOLS for name in curve_names(protocol))
+)
 
 
 class ConfigError(ValueError):
@@ -73,6 +107,12 @@ class ProtocolConfig(_Section):
     sample_size: int | None = Field(default=None, gt=0)
 
 
+def _known_curve(name: str) -> str:
+    if name not in ALL_CURVES:
+        raise ValueError(f"must be one of {ALL_CURVES}")
+    return name
+
+
 class PrivacyConfig(_Section):
     """Clipping, local noise and accounting."""
 
@@ -80,8 +120,8 @@ class PrivacyConfig(_Section):
     noise_multiplier: float = Field(gt=0)
     sensitivity: float | Literal["replace-one", "paper"] = "replace-one"
     delta: float = Field(default=1e-5, gt=0, lt=1)
-    accountants: list[Literal["exact", "sum", "theorem3", "no-shuffle", "central", "clones"]] = (
-        Field(default_factory=lambda: ["exact", "theorem3", "no-shuffle", "central"], min_length=1)
+    accountants: list[Annotated[str, AfterValidator(_known_curve)]] = Field(
+        default_factory=lambda: ["exact", "theorem3", "no-shuffle", "central"], min_length=1
     )
     noise_mode: Literal["sum", "per_client"] = "sum"
 
@@ -156,16 +196,13 @@ class ExperimentConfig(_Section):
             raise ConfigError(
                 f"privacy.accountants must not repeat a name, got {self.privacy.accountants}"
             )
-        if p.kind != "checkin" and {"sum", "theorem3"} & set(self.privacy.accountants):
-            raise ConfigError(
-                "privacy.accountants sum and theorem3 are check-in methods; protocol.kind is "
-                f"{p.kind}"
-            )
-        if p.kind == "subsampled" and "clones" in self.privacy.accountants:
-            raise ConfigError(
-                "privacy.accountants clones is available for protocol.kind checkin or full, "
-                "not subsampled"
-            )
+        allowed = curve_names(p.kind)
+        for name in self.privacy.accountants:
+            if name not in allowed:
+                raise ConfigError(
+                    f"privacy.accountants {name} is not available for protocol.kind {p.kind} "
+                    f"(available: {', '.join(allowed)})"
+                )
 
 
 def _annotation(loc: Sequence[Any]) -> Any:

@@ -1,17 +1,19 @@
 """Privacy loss distributions (PLDs) for shuffled eps0-LDP reports, via ``dp_accounting``.
 
-Koskela, Heikkilä & Honkela (seed 000, §3 and Appendices A–B) account for shufflers with the
-dominating pair of Feldman, McMillan & Talwar (2022, Theorem 3.1; seed 000 eq. 3.1). With
+Koskela, Heikkilä & Honkela, *Numerical Accounting in the Shuffle Model of Differential
+Privacy* (arXiv:2106.00477; "KHH" below), §3 and Appendices A–B, account for shufflers with the
+dominating pair of Feldman, McMillan & Talwar, *Stronger Privacy Amplification by Shuffling for
+Rényi and Approximate Differential Privacy* (arXiv:2208.04591, Theorem 3.1; KHH eq. 3.1). With
 ``p = 1/(e^{eps0} + 1)``, ``q = e^{eps0} p = 1 - p``:
 
     P = (A + D1, C - A + D2),  Q = (A + D2, C - A + D1),
     C ~ Bin(n - 1, 2p),  A ~ Bin(C, 1/2),  D1 ~ Bern(q),  D2 ~ Bin(1 - D1, p / (1 - q)).
 
-Written as mixtures (seed 000 §3.1), ``P = q P0 + (1-q) q~ P1 + (1-q)(1-q~) P2`` and
+Written as mixtures (KHH §3.1), ``P = q P0 + (1-q) q~ P1 + (1-q)(1-q~) P2`` and
 ``Q = (1-q) q~ P0 + q P1 + (1-q)(1-q~) P2`` with ``P0 = (A+1, C-A)``, ``P1 = (A, C-A+1)``,
 ``P2 = (A, C-A)`` and ``q~ = p/(1 - q)``. For a pure ``eps0``-LDP randomiser ``q~ = 1``, so the
-``P2`` component has weight zero and ``D2 = 1 - D1``. By Lemma A.1, ``P0(a, b) = (a/b) P1(a, b)``
-and the privacy loss at an outcome ``(a, b)`` depends on ``a/b`` only:
+``P2`` component has weight zero and ``D2 = 1 - D1``. By KHH Lemma A.1, ``P0(a, b) = (a/b)
+P1(a, b)`` and the privacy loss at an outcome ``(a, b)`` depends on ``a/b`` only:
 
     s(a, b) = log P(a, b) / Q(a, b) = log((e^{eps0} a + b) / (a + e^{eps0} b))  in [-eps0, eps0].
 
@@ -19,19 +21,19 @@ Assumptions, stated once for the module:
 
 * Neighbouring datasets differ in one user's input (replace-one). Every user runs an
   ``eps0``-DP local randomiser (possibly chosen adaptively, FMT22 Theorem 3.1) and the server
-  sees only the shuffled reports. By Lemma 8 / Corollary 9 of seed 000 the pair ``(P, Q)``
-  dominates the shuffler: ``H_a(A_s(X) || A_s(X')) <= H_a(P || Q)`` for all ``a >= 0``.
+  sees only the shuffled reports. By KHH Lemma 8 / Corollary 9 the pair ``(P, Q)`` dominates
+  the shuffler: ``H_a(A_s(X) || A_s(X')) <= H_a(P || Q)`` for all ``a >= 0``.
 * ``Q`` is ``P`` with its coordinates swapped (``C - A`` has the law of ``A``), so
   ``H_a(P || Q) = H_a(Q || P)``. Both directions are still built and composed; their agreement
   is a test.
-* Compositions multiply dominating pairs (Zhu et al. 2022, Theorem 4 of seed 000), so PLDs of
-  rounds with different ``n`` or ``eps0`` compose by convolution.
+* Compositions multiply dominating pairs (Zhu, Dong & Wang, arXiv:2106.08567; KHH Theorem 4),
+  so PLDs of rounds with different ``n`` or ``eps0`` compose by convolution.
 
-Truncation (seed 000 Lemma 11): outcomes are enumerated only for ``C`` in the Hoeffding set
-``S_n`` and, given ``C = c``, for ``a`` in the Hoeffding set of ``Bin(c, 1/2)`` widened by one
-so that it covers the ``A``-range of both mixture components. The neglected mass is at most
-``tail`` under ``P`` and under ``Q``; it is placed at privacy loss ``+inf``, which adds it to
-every delta (the ``delta(inf)`` term of Appendix B). ``O(n log(1/tail))`` outcomes remain.
+Truncation (KHH Lemma 11): outcomes are enumerated only for ``C`` in the Hoeffding set ``S_n``
+and, given ``C = c``, for ``a`` in the Hoeffding set of ``Bin(c, 1/2)`` widened by one so that it
+covers the ``A``-range of both mixture components. The neglected mass is at most ``tail`` under
+``P`` and under ``Q``; it is placed at privacy loss ``+inf``, which adds it to every delta (the
+``delta(inf)`` term of KHH Appendix B). ``O(n log(1/tail))`` outcomes remain.
 
 Discretisation: each privacy loss is rounded *up* to a multiple of ``discretization`` before the
 PMF is handed to ``dp_accounting.pld`` (pessimistic estimate), and compositions use its FFT
@@ -51,11 +53,20 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from scipy.special import gammaln, logsumexp
 from scipy.stats import binom
 
-from ._validation import check_delta, check_int, check_nonnegative, check_positive
+from .._validation import check_delta, check_int, check_nonnegative, check_positive
+from ..results import AccountingResult
+from .common import (
+    DEFAULT_DISCRETIZATION,
+    DEFAULT_TAIL,
+    check_discretization,
+    check_tail,
+    compose_plds,
+    default_tail,
+    pld_results,
+)
 
 __all__ = [
-    "DEFAULT_DISCRETIZATION",
-    "DEFAULT_TAIL",
+    "MAX_EPS0",
     "FeldmanPair",
     "feldman_pair",
     "ldp_shuffle_pld",
@@ -64,22 +75,11 @@ __all__ = [
     "ldp_shuffle_rdp",
     "subsampled_ldp_shuffle_pld",
     "subsampled_profile",
-    "compose_plds",
-    "pmf_from_losses",
+    "ldp_shuffle_results",
 ]
 
-DEFAULT_DISCRETIZATION = 1e-4
-DEFAULT_TAIL = 1e-12
 # Outcomes enumerated per chunk; bounds the memory of the n = 10^6 case to a few hundred MB.
 _CHUNK_POINTS = 2_000_000
-
-
-def _check_discretization(value: object) -> float:
-    d = check_positive("discretization", value)
-    if d > 1.0:
-        raise ValueError(f"discretization must be in (0, 1]. Found {value!r}.")
-    return d
-
 
 MAX_EPS0 = 100.0
 """Largest local epsilon accepted: the loss grid spans [-eps0, eps0] (2e6 bins at eps0 = 100)."""
@@ -92,65 +92,9 @@ def _check_eps0(value: object) -> float:
     return e
 
 
-def _check_tail(value: object) -> float:
-    t = check_positive("tail", value)
-    if t >= 1.0:
-        raise ValueError(f"tail must be in (0, 1). Found {value!r}.")
-    return t
-
-
-def pmf_from_losses(
-    losses: np.ndarray,
-    masses: np.ndarray,
-    *,
-    infinity_mass: float,
-    discretization: float = DEFAULT_DISCRETIZATION,
-) -> pld_pmf.DensePLDPmf:
-    """Pessimistic dense PMF of a discrete privacy loss distribution.
-
-    Each finite loss is rounded up to the next multiple of ``discretization`` (which can only
-    increase every hockey-stick divergence), and the masses of equal rounded losses are summed.
-    Losses equal to ``+inf`` go to ``infinity_mass``; losses equal to ``-inf`` contribute nothing to
-    any delta and are dropped.
-
-    Args:
-        losses: Privacy losses ``log P(x)/Q(x)`` of the outcomes.
-        masses: Their probabilities under ``P`` (same shape).
-        infinity_mass: Extra mass placed at loss ``+inf`` (e.g. truncated mass).
-        discretization: Grid step of the losses, in ``(0, 1]``.
-
-    Returns:
-        A ``dp_accounting.pld.pld_pmf.DensePLDPmf`` with ``pessimistic_estimate=True``.
-
-    Raises:
-        ValueError: on shapes that differ, negative or non-finite masses, a NaN loss, or a
-            negative ``infinity_mass``.
-    """
-    discretization = _check_discretization(discretization)
-    infinity_mass = check_nonnegative("infinity_mass", infinity_mass)
-    losses = np.asarray(losses, dtype=float).ravel()
-    masses = np.asarray(masses, dtype=float).ravel()
-    if losses.shape != masses.shape:
-        raise ValueError(
-            f"losses and masses must have the same length. Found {losses.size} and {masses.size}."
-        )
-    if np.any(np.isnan(losses)):
-        raise ValueError("losses must not contain NaN.")
-    if np.any(~np.isfinite(masses)) or np.any(masses < 0):
-        raise ValueError("masses must be finite numbers >= 0.")
-    infinity_mass += float(masses[losses == np.inf].sum())
-    finite = np.isfinite(losses) & (masses > 0)
-    if not np.any(finite):
-        return pld_pmf.DensePLDPmf(discretization, 0, np.zeros(1), min(infinity_mass, 1.0), True)
-    idx = np.ceil(losses[finite] / discretization).astype(np.int64)
-    lower = int(idx.min())
-    probs = np.bincount(idx - lower, weights=masses[finite])
-    return pld_pmf.DensePLDPmf(discretization, lower, probs, min(infinity_mass, 1.0), True)
-
-
 @dataclass(frozen=True)
 class FeldmanPair:
-    """Truncated support of the FMT22 dominating pair (seed 000 eq. 3.1 and Lemma 11).
+    """Truncated support of the FMT22 dominating pair (KHH eq. 3.1 and Lemma 11).
 
     Attributes:
         loss: ``s(a, b) = log P(a,b)/Q(a,b)`` of each enumerated outcome.
@@ -221,7 +165,7 @@ def _chunks(n: int, eps0: float, tail: float) -> Iterator[tuple[np.ndarray, ...]
 
 
 def feldman_pair(*, n: int, eps0: float, tail: float = DEFAULT_TAIL) -> FeldmanPair:
-    """Enumerate the truncated FMT22 dominating pair for ``n`` users (seed 000 Lemma 11).
+    """Enumerate the truncated FMT22 dominating pair for ``n`` users (KHH Lemma 11).
 
     Args:
         n: Number of users, ``>= 1``.
@@ -236,7 +180,7 @@ def feldman_pair(*, n: int, eps0: float, tail: float = DEFAULT_TAIL) -> FeldmanP
     """
     n = check_int("n", n, minimum=1)
     eps0 = _check_eps0(eps0)
-    tail = _check_tail(tail)
+    tail = check_tail(tail)
     parts = list(_chunks(n, eps0, tail))
     return FeldmanPair(*(np.concatenate([part[i] for part in parts]) for i in range(3)), tail)
 
@@ -270,7 +214,7 @@ def ldp_shuffle_pld(
 ) -> PrivacyLossDistribution:
     """PLD of ``steps`` adaptive rounds of shuffling ``n`` ``eps0``-LDP reports.
 
-    Seed 000 Corollaries 9–10: each round is dominated by the FMT22 pair; the composition by the
+    KHH Corollaries 9–10: each round is dominated by the FMT22 pair; the composition by the
     product pair, whose PLD is the ``steps``-fold convolution (``dp_accounting`` FFT, pessimistic).
 
     Args:
@@ -289,30 +233,10 @@ def ldp_shuffle_pld(
     n = check_int("n", n, minimum=1)
     eps0 = _check_eps0(eps0)
     steps = check_int("steps", steps, minimum=1)
-    discretization = _check_discretization(discretization)
-    tail = _check_tail(tail)
+    discretization = check_discretization(discretization)
+    tail = check_tail(tail)
     pld = PrivacyLossDistribution(*_pmfs(n, eps0, tail, discretization))
     return pld if steps == 1 else pld.self_compose(steps)
-
-
-def compose_plds(plds: Sequence[PrivacyLossDistribution]) -> PrivacyLossDistribution:
-    """Compose the PLDs of heterogeneous rounds (e.g. different ``n`` or ``eps0`` per round).
-
-    Args:
-        plds: One PLD per group of rounds, all built with the same ``discretization``.
-
-    Returns:
-        The PLD of the adaptive composition (Theorem 4 of seed 000, via convolution).
-
-    Raises:
-        ValueError: if ``plds`` is empty or the discretisations differ.
-    """
-    if len(plds) == 0:
-        raise ValueError("plds must hold at least one PrivacyLossDistribution. Found none.")
-    out = plds[0]
-    for other in plds[1:]:
-        out = out.compose(other)
-    return out
 
 
 def _schedule(
@@ -346,10 +270,10 @@ def _schedule_pld(
     tail: float,
 ) -> PrivacyLossDistribution:
     plan = _schedule(n, eps0, steps)
-    discretization = _check_discretization(discretization)
-    tail = _check_tail(tail)
+    discretization = check_discretization(discretization)
+    tail = check_tail(tail)
     return compose_plds(
-        [
+        plds=[
             ldp_shuffle_pld(n=ni, eps0=ei, steps=si, discretization=discretization, tail=tail)
             for ni, ei, si in plan
         ]
@@ -413,7 +337,7 @@ def ldp_shuffle_epsilon(
     delta = check_delta(delta)
     if tail is None:
         rounds = sum(si for _, _, si in _schedule(n, eps0, steps))
-        tail = min(DEFAULT_TAIL, 1e-3 * delta / rounds)
+        tail = default_tail(delta, rounds)
     pld = _schedule_pld(n, eps0, steps, discretization, tail)
     return max(0.0, float(pld.get_epsilon_for_delta(delta)))
 
@@ -428,7 +352,7 @@ def ldp_shuffle_rdp(
     ``eps0``, so they add at most ``tail * e^{(l-1) eps0}`` inside the logarithm. The result is
     also capped at ``eps0`` (``D_l <= D_inf = eps0``). Being a divergence of a dominating pair
     under post-processing, this bounds the RDP of the shuffler in both directions (the pair is
-    symmetric). Seed 000 §3.3 uses the same truncation heuristically; here its error is bounded.
+    symmetric). KHH §3.3 uses the same truncation heuristically; here its error is bounded.
 
     Args:
         n: Users, ``>= 1``.
@@ -450,7 +374,7 @@ def ldp_shuffle_rdp(
         raise ValueError(f"orders must be finite numbers > 1. Found {orders!r}.")
     if tail is None:
         tail = max(1e-300, 1e-12 * math.exp(-min(690.0, (alphas.max() - 1.0) * eps0)))
-    tail = _check_tail(tail)
+    tail = check_tail(tail)
     acc = np.full(alphas.size, -np.inf)
     for loss, log_p, _ in _chunks(n, eps0, tail):
         for i, alpha in enumerate(alphas):
@@ -480,11 +404,11 @@ def subsampled_profile(
     rate: float,
     tail: float = DEFAULT_TAIL,
 ) -> np.ndarray:
-    """Privacy profile ``h(a)`` of seed 000 eq. 2.3 for a shuffle of a fixed-size subsample.
+    """Privacy profile ``h(a)`` of KHH eq. 2.3 for a shuffle of a fixed-size subsample.
 
-    Lemma 7 (Zhu et al. 2022, Proposition 30; substitute relation): if ``(P, Q)`` dominates the
-    shuffler on datasets of ``m = rate * n`` users, the mechanism that shuffles a uniformly random
-    subset of ``m`` of the ``n`` users satisfies ``H_a <= h(a)`` with
+    KHH Lemma 7 (Zhu, Dong & Wang, arXiv:2106.08567, Proposition 30; substitute relation): if
+    ``(P, Q)`` dominates the shuffler on datasets of ``m = rate * n`` users, the mechanism that
+    shuffles a uniformly random subset of ``m`` of the ``n`` users satisfies ``H_a <= h(a)`` with
 
         h(a) = max{ H_a(rate P + (1 - rate) Q || Q),  H_a(P || rate Q + (1 - rate) P) }.
 
@@ -509,7 +433,7 @@ def subsampled_profile(
     rate = check_positive("rate", rate)
     if rate > 1.0:
         raise ValueError(f"rate must be in (0, 1]. Found {rate!r}.")
-    tail = _check_tail(tail)
+    tail = check_tail(tail)
     a = np.atleast_1d(np.asarray(alphas, dtype=float))
     if np.any(~np.isfinite(a)) or np.any(a < 0):
         raise ValueError(f"alphas must be finite numbers >= 0. Found {alphas!r}.")
@@ -533,14 +457,15 @@ def subsampled_ldp_shuffle_pld(
 ) -> PrivacyLossDistribution:
     """PLD of ``steps`` rounds that each shuffle the reports of ``m`` users drawn from ``n``.
 
-    Seed 000 §3.4: the profile ``h`` of :func:`subsampled_profile` is turned into a discrete
-    dominating pair by the pessimistic connect-the-dots algorithm of Doroshenko et al. (2022,
-    Algorithm 1; ``dp_accounting``'s ``create_pmf_pessimistic_connect_dots``). ``h`` is convex in
-    ``a = e^eps``, so the chords between grid points lie above it and the pair dominates. Past
-    the last grid point the remaining ``h`` goes to loss ``+inf``.
+    KHH §3.4: the profile ``h`` of :func:`subsampled_profile` is turned into a discrete
+    dominating pair by the pessimistic connect-the-dots algorithm of Doroshenko, Ghazi, Kamath,
+    Kumar & Manurangsi, *Connect the Dots* (arXiv:2207.04380, Algorithm 1; ``dp_accounting``'s
+    ``create_pmf_pessimistic_connect_dots``). ``h`` is convex in ``a = e^eps``, so the chords
+    between grid points lie above it and the pair dominates. Past the last grid point the
+    remaining ``h`` goes to loss ``+inf``.
 
     By default the grid spans ``[-eps_max, eps_max]`` with ``eps_max = log(1 + rate (e^eps0 - 1))``,
-    the largest privacy loss of either mixture in ``h`` (``h`` is ``tail`` beyond it). Seed 000
+    the largest privacy loss of either mixture in ``h`` (``h`` is ``tail`` beyond it). KHH
     Figure 2 uses ``[-0.25, 0.25]``; pass ``eps_range`` to reproduce it.
 
     Args:
@@ -564,7 +489,7 @@ def subsampled_ldp_shuffle_pld(
     eps0 = _check_eps0(eps0)
     steps = check_int("steps", steps, minimum=1)
     points = check_int("points", points, minimum=2)
-    discretization = _check_discretization(discretization)
+    discretization = check_discretization(discretization)
     rate = m / n
     if eps_range is None:
         top = math.log1p(rate * math.expm1(eps0))
@@ -582,3 +507,40 @@ def subsampled_ldp_shuffle_pld(
     pmf = pld_pmf.create_pmf_pessimistic_connect_dots(discretization, grid, deltas)
     pld = PrivacyLossDistribution(pmf.to_dense_pmf())
     return pld if steps == 1 else pld.self_compose(steps)
+
+
+def ldp_shuffle_results(
+    *, n: int, eps0: float, steps: Sequence[int], delta: float, m: int | None = None
+) -> list[AccountingResult]:
+    """Epsilon of shuffled ``eps0``-LDP reports after each round count, as result records.
+
+    The PLD of one round (:func:`ldp_shuffle_pld`, or :func:`subsampled_ldp_shuffle_pld` when
+    ``m`` of the ``n`` users report per round) is built once with the truncated mass per round
+    set by :func:`~.common.default_tail` for the largest count, then composed.
+
+    Args:
+        n: Users, ``>= 1``.
+        eps0: Local privacy parameter, ``> 0``.
+        steps: Round counts (integers >= 1), one result each.
+        delta: Target delta in ``(0, 1)``.
+        m: Users drawn per round (``1..n``), or ``None`` for all ``n``.
+
+    Returns:
+        One :class:`~shuffle_opacus.analysis.AccountingResult` (``kind="pld"``) per count.
+
+    Raises:
+        ValueError: on an out-of-range argument.
+    """
+    counts = [check_int("steps", s, minimum=1) for s in steps]
+    if not counts:
+        raise ValueError("steps must list at least one round count.")
+    tail = default_tail(delta, max(counts))
+    parameters: dict[str, object] = {"n": n, "eps0": eps0}
+    if m is None:
+        base = ldp_shuffle_pld(n=n, eps0=eps0, tail=tail)
+    else:
+        base = subsampled_ldp_shuffle_pld(n=n, m=m, eps0=eps0, tail=tail)
+        parameters["m"] = m
+    return pld_results(
+        base, mechanism="ldp-shuffle", parameters=parameters, steps=counts, delta=delta, tail=tail
+    )

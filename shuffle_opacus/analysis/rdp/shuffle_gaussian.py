@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import check_int, check_orders, check_positive
+from .._validation import check_int, check_orders, check_positive
 from .series import shuffle_log_excess
 
 __all__ = ["shuffle_gaussian_rdp", "no_shuffle_rdp", "shuffle_gaussian_log_excess"]
@@ -30,7 +30,7 @@ def shuffle_gaussian_log_excess(*, n: int, sigma: float, max_order: int) -> np.n
     """Log of ``A_n(m) - 1`` where ``A_n(m)`` is the Theorem 1 moment ``E[L_n^m]``.
 
     ``A_n(m) = e^{-m/2sigma^2} n^{-m} sum_{k_1+..+k_n=m} C(m; k) e^{sum k_i^2 / 2sigma^2}``,
-    evaluated as ``m! [x^m] h(x/n)^n`` (see :mod:`shuffle_opacus.analysis.series`), so that
+    evaluated as ``m! [x^m] h(x/n)^n`` (see :mod:`shuffle_opacus.analysis.rdp.series`), so that
     ``(m - 1) * rdp(m) = log1p(A_n(m) - 1)``.
 
     Args:

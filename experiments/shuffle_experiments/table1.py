@@ -23,7 +23,7 @@ sensitivity 1, total ``delta = 1/n``, 1 to 7 compositions. Rows:
 * ``central``: a trusted curator adding the same total noise (std ``sigma sqrt(n)``) to the
   sum, composed with RDP.
 
-Run ``python -m experiments.table1 [--out DIR]``; it prints the table and writes
+Run ``shuffle-experiment table1 [--out DIR]``; it prints the table and writes
 ``table1.csv`` and ``table1.png`` (epsilon against compositions, log scale) into ``DIR``
 (default ``docs/figures``). The numerical clones rows take about a minute.
 """
@@ -39,8 +39,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from shuffle_opacus.analysis import compute_epsilon
-from shuffle_opacus.analysis.baselines import composed_epsilons
-from shuffle_opacus.analysis.conversion import OrderCapWarning
+from shuffle_opacus.analysis.approximate.baselines import composed_epsilons
+from shuffle_opacus.analysis.rdp.conversion import OrderCapWarning
 
 __all__ = ["N", "PAPER_CLONES", "PAPER_RDP", "SIGMA", "recipe_clones", "table1", "main"]
 

@@ -1,1 +1,0 @@
-"""Experiment runners: config, training loop, metrics, checkpoints and plots."""

@@ -1,0 +1,129 @@
+"""The ``shuffle-experiment`` command: the MNIST experiment and the paper figures.
+
+``shuffle-experiment train --config FILE`` runs the MNIST experiment of Liew & Takahashi (one
+image per client, the config's protocol, local noise, an epsilon curve per accountant);
+``train --resume RUN_DIR`` continues an interrupted run; ``plot RUN_DIR`` redraws a run's
+figures; ``table1`` and ``pld-figures`` redraw the published tables and figures into
+``docs/figures``. Errors are reported on one line (``shuffle-experiment: error: ...``) with exit
+status 2; Ctrl-C during training saves a checkpoint and exits with status 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main", "build_parser"]
+
+PROG = "shuffle-experiment"
+
+
+class CliError(Exception):
+    """A user error to be reported on one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CliError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser of the ``shuffle-experiment`` command."""
+    parser = _Parser(prog=PROG, description="The MNIST shuffle-model experiment and figures.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    train = sub.add_parser(
+        "train",
+        help="run the MNIST shuffle-model experiment from a YAML config",
+        description=(
+            "Train on MNIST with one image per client under the config's protocol, writing "
+            "config.yaml, metrics.csv, checkpoint.pt, summary.json and the plots into "
+            "OUTPUT_DIR/NAME/<timestamp> (OUTPUT_DIR/NAME/latest points at the newest run)."
+        ),
+    )
+    train.add_argument("--config", help="YAML config, e.g. configs/quick.yaml")
+    train.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set training.rounds=100 (repeatable)",
+    )
+    train.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue an interrupted run from its checkpoint"
+    )
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    plot = sub.add_parser(
+        "plot",
+        help="redraw a run's accuracy-vs-epsilon and epsilon-vs-rounds plots",
+        description="Redraw the plots (PNG plus the plotted data as CSV) into RUN_DIR.",
+    )
+    plot.add_argument("run_dir", metavar="RUN_DIR", help="a run directory of train")
+    for name, what in (
+        ("table1", "Table 1 of Liew & Takahashi (clones against RDP)"),
+        ("pld-figures", "Figures 1-5 of Koskela, Heikkilä & Honkela (PLD accounting)"),
+    ):
+        fig = sub.add_parser(name, help=f"redraw {what}", description=f"Redraw {what}.")
+        fig.add_argument("--out", default="docs/figures", help="output directory")
+    return parser
+
+
+def _train(args: argparse.Namespace) -> int:
+    if (args.config is None) == (args.resume is None):
+        raise CliError("give exactly one of --config FILE (a new run) or --resume RUN_DIR")
+    if args.resume is not None and args.overrides:
+        raise CliError("--set cannot change a run being resumed; it keeps its config.yaml")
+    from .config import load_config
+    from .runner import resume, run, summary_table
+
+    if args.resume is not None:
+        result = resume(args.resume, progress=not args.no_progress)
+    else:
+        config = load_config(args.config, args.overrides)
+        result = run(config, progress=not args.no_progress)
+    print(summary_table(result), flush=True)
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from .plots import plot_run
+
+    for path in plot_run(args.run_dir):
+        print(path)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line interface.
+
+    Args:
+        argv: Arguments without the program name (``sys.argv[1:]`` by default).
+
+    Returns:
+        The exit status (0 on success, 2 on a usage or input error, 130 after Ctrl-C).
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command == "train":
+            return _train(args)
+        if args.command == "plot":
+            return _plot(args)
+        if args.command == "table1":
+            from .table1 import main as table1
+
+            return table1(["--out", args.out])
+        from .pld_figures import main as pld_figures
+
+        return pld_figures(["--out", args.out])
+    except (CliError, ValueError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else "invalid arguments"
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130  # the runner has saved a checkpoint and said how to resume
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

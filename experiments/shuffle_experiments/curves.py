@@ -1,0 +1,152 @@
+"""Epsilon after each round of the experiment, one curve per accountant.
+
+Every curve is computed by the library, from the run's history, by the same call the Opacus
+accountant makes: after ``t`` rounds the history is ``[(noise_multiplier, sample_rate, t)]`` and
+epsilon is :func:`shuffle_opacus.history_epsilon` of it (RDP of every round summed, then Lemma 2
+of Liew & Takahashi minimised over integer orders). A curve depends only on the config, never on
+which clients happened to check in, so a resumed run reproduces it exactly.
+
+Curves (``privacy.accountants`` in the config); the analysis sigma is the local noise multiplier
+divided by ``privacy.sensitivity`` (:func:`shuffle_opacus.analysis_sigma`):
+
+``exact``
+    The protocol's default (tightest) method: the exact check-in bound for ``checkin``,
+    Theorem 1 for ``full``, Theorem 2 for ``subsampled``; the number the accountant reports.
+any other method of the protocol
+    ``sum`` and ``theorem3`` for check-in (the latter relies on the paper's Conjecture 1),
+    ``corollary1`` for ``full``: that method of the protocol's analysis.
+``no-shuffle``, ``central``
+    The reference curves of the analysis (:data:`shuffle_opacus.analysis.MECHANISM_TABLE`):
+    Corollary 1 in place of Theorem 1 (no amplification by shuffling), and a trusted server
+    adding the same total noise to the sum (a reference, not a guarantee of the protocol).
+``clones``
+    The approximate-DP baseline of :mod:`shuffle_opacus.analysis.approximate.baselines`: each
+    round by the clones method for Gaussian reports (Feldman, McMillan & Talwar, *Hiding Among
+    the Clones*, arXiv:2012.12803, Theorem 3.8), check-in amplification and the optimal
+    composition theorem. A local randomizer must hide any input, so its sigma is
+    ``noise_multiplier / 2`` (the clipping ball's diameter is ``2 C``) whatever
+    ``privacy.sensitivity`` says. It is a comparison curve, not a certified bound, evaluated only
+    at the evaluation rounds and the last round, where the plots use it; other rows leave it
+    blank. Check-in and ``full`` only.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+
+from shuffle_opacus import analysis_sigma, get_protocol, history_epsilon
+from shuffle_opacus.analysis import OrderCapWarning
+from shuffle_opacus.analysis.approximate.baselines import (
+    RoundProfile,
+    composed_epsilon,
+    round_profile,
+)
+
+from .config import BASELINES, ExperimentConfig, curve_names
+
+__all__ = ["CURVE_LABELS", "SPARSE_CURVES", "EpsilonCurves"]
+
+#: Legend labels of the curves (a method without a label is shown by its name).
+CURVE_LABELS: dict[str, str] = {
+    "exact": "shuffle, exact (this package)",
+    "sum": "shuffle, binomial sum (Eq. 17)",
+    "theorem3": "shuffle, Theorem 3 (paper)",
+    "corollary1": "shuffle, Corollary 1",
+    "no-shuffle": "no shuffling (Corollary 1)",
+    "central": "central DP reference",
+    "clones": "clones + check-in + optimal composition (approx. DP)",
+}
+
+#: Curves too slow to evaluate every round (see :meth:`EpsilonCurves.row`).
+SPARSE_CURVES: frozenset[str] = frozenset(BASELINES)
+
+
+class EpsilonCurves:
+    """Epsilon after ``t`` rounds for each configured curve.
+
+    Args:
+        config: The validated experiment config.
+        population: Number of clients (the training set size actually used).
+    """
+
+    def __init__(self, config: ExperimentConfig, population: int) -> None:
+        self.names: tuple[str, ...] = tuple(config.privacy.accountants)
+        self.delta = config.privacy.delta
+        self.protocol = get_protocol(config.protocol.kind)
+        self.population = population
+        self.noise_multiplier = config.privacy.noise_multiplier
+        self.sensitivity = config.privacy.sensitivity
+        self.sample_rate = self.protocol.sample_rate(
+            population=population,
+            rate=config.protocol.rate,
+            sample_size=config.protocol.sample_size,
+        )
+        self._profiles: dict[str, RoundProfile] = {}
+        allowed = curve_names(self.protocol.name)
+        for name in self.names:
+            if name not in allowed:
+                raise ValueError(
+                    f"privacy.accountants: {name} is not available for protocol "
+                    f"{self.protocol.name}"
+                )
+            if name == "clones":
+                self._profiles[name] = _clones_profile(config, population)
+
+    def epsilon(self, name: str, rounds: int) -> float:
+        """Return epsilon of curve ``name`` after ``rounds`` rounds at the config's delta.
+
+        Raises:
+            KeyError: for a curve that is not configured.
+        """
+        if name not in self.names:
+            raise KeyError(name)
+        if rounds <= 0:
+            return 0.0
+        if name in self._profiles:
+            return composed_epsilon(self._profiles[name], steps=rounds, delta=self.delta)
+        reference = name if name in self.protocol.references else None
+        method = None if reference is not None or name == "exact" else name
+        with warnings.catch_warnings():
+            # At the order limit the value is still a valid (looser) upper bound.
+            warnings.simplefilter("ignore", OrderCapWarning)
+            return history_epsilon(
+                [(self.noise_multiplier, self.sample_rate, rounds)],
+                protocol=self.protocol,
+                delta=self.delta,
+                population=self.population,
+                sensitivity=self.sensitivity,
+                method=method,
+                reference=reference,
+            ).epsilon
+
+    def row(self, rounds: int, *, sparse: bool = True) -> dict[str, float | None]:
+        """Return ``{name: epsilon}`` after ``rounds`` rounds for every configured curve.
+
+        Args:
+            rounds: Rounds completed.
+            sparse: Include the curves of :data:`SPARSE_CURVES`; when False they are ``None``.
+        """
+        return {
+            name: self.epsilon(name, rounds) if sparse or name not in SPARSE_CURVES else None
+            for name in self.names
+        }
+
+
+def _clones_profile(config: ExperimentConfig, population: int) -> RoundProfile:
+    delta = config.privacy.delta
+    # Per-round deltas down to delta / (10 * rounds) and six decades below, for the best split.
+    decades = math.log10(10.0 * max(1, config.training.rounds)) + 6.0
+    rate = config.protocol.rate  # None unless the protocol is check-in
+    # The clipping ball's diameter is 2 C: the replace-one sensitivity.
+    sigma = analysis_sigma(config.privacy.noise_multiplier, "replace-one")
+    return _cached_profile(population, sigma, delta, rate, decades)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_profile(
+    n: int, sigma: float, delta: float, rate: float | None, decades: float
+) -> RoundProfile:
+    """One round's profile; cached because a resumed run needs the very same one again."""
+    return round_profile(n=n, sigma=sigma, delta_max=delta, rate=rate, decades=decades)

@@ -1,0 +1,1 @@
+"""Approximate-DP baselines: the clones method, composition theorems, the analytic Gaussian."""

@@ -1,0 +1,507 @@
+"""The table of mechanisms: their parameters, methods and references, described once.
+
+Every part of the package that turns a mechanism into epsilon (the ``account`` command, the
+Opacus accountants through :mod:`shuffle_opacus.protocols`, the experiment's curves) reads this
+table, as ``dp_accounting``'s ``dp_event`` describes each mechanism once. Adding a method to a
+mechanism means adding one :class:`Method` entry here.
+
+==========================  ===============================  ================================
+mechanism                   parameters                       methods (first is the default)
+==========================  ===============================  ================================
+``shuffle``                 ``n``, ``sigma``                 ``theorem1``, ``corollary1``
+``subsampled``              ``n``, ``m``, ``sigma``          ``theorem2``
+``checkin``                 ``n``, ``rate``, ``sigma``       ``exact``, ``sum``, ``theorem3``
+``gaussian``                ``sigma``                        ``rdp``
+``subsampled-gaussian``     ``rate``, ``sigma``              ``rdp``
+==========================  ===============================  ================================
+
+Methods are upper bounds on the Rényi DP of one round of the mechanism (the references of each
+method are in its docstring and in ``docs/maths.md``). The shuffle mechanisms also carry two
+*references*, which are comparison curves and not guarantees of the shuffle protocol:
+
+``no-shuffle``
+    Corollary 1 of Liew & Takahashi in place of Theorem 1 (no amplification by shuffling):
+    the Gaussian for ``shuffle``, the Wang-Balle-Kasiviswanathan bound of the Gaussian for
+    ``subsampled``, the Poisson-subsampled Gaussian with the local sigma for ``checkin`` (the
+    comparison curve of the paper's Figure 1).
+``central``
+    A trusted server adding the same total noise to the sum: sigma times ``sqrt(n)``,
+    ``sqrt(m)`` or ``sqrt(rate n)`` (the expected number of reports), through the Gaussian, the
+    Wang et al. bound or the Poisson-subsampled Gaussian respectively.
+
+Units: for the shuffle mechanisms ``sigma`` is the paper's sigma (per-user noise standard
+deviation divided by the L2 distance of the differing user's two inputs); for the two central
+mechanisms it is the noise on the released sum divided by the sensitivity of the sum. The
+neighbouring relation of the shuffle mechanisms is replace-one with the other users at a common
+value (Theorem 1's pair); the unit of privacy is one user.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validation import check_delta, check_int, check_positive, check_probability
+from .rdp.central import gaussian_rdp, poisson_subsampled_gaussian_rdp
+from .rdp.checkin import checkin_rdp
+from .rdp.conversion import EpsilonResult, epsilon_from_rdp
+from .rdp.shuffle_gaussian import no_shuffle_rdp, shuffle_gaussian_rdp
+from .rdp.subsampling import subsampled_gaussian_rdp, subsampled_shuffle_rdp
+from .results import AccountingResult
+
+__all__ = [
+    "RdpFn",
+    "RoundSetting",
+    "Method",
+    "Mechanism",
+    "MECHANISM_TABLE",
+    "MECHANISMS",
+    "METHODS",
+    "REFERENCES",
+    "get_mechanism",
+    "per_step_rdp",
+    "rounds_epsilon",
+    "compute_epsilon",
+]
+
+RdpFn = Callable[[np.ndarray], np.ndarray]
+"""Maps a sorted array of integer orders ``>= 2`` to the RDP of one round at those orders."""
+
+_PARAMETER_ORDER = ("n", "sigma", "m", "rate")
+
+
+@dataclass(frozen=True)
+class RoundSetting:
+    """The validated parameters of one round of a mechanism (hashable, so results can be cached).
+
+    Attributes:
+        sigma: Noise parameter (unit as in the module docstring).
+        n: Number of users (shuffle mechanisms).
+        m: Users per round (``subsampled``).
+        rate: Check-in or Poisson rate.
+    """
+
+    sigma: float
+    n: int | None = None
+    m: int | None = None
+    rate: float | None = None
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        """Return the parameters in display order (``n``, ``sigma``, ``m``, ``rate``)."""
+        return {name: getattr(self, name) for name in _PARAMETER_ORDER}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way to bound the Rényi DP of a round.
+
+    Attributes:
+        name: The method's name (``--method`` of the ``account`` command).
+        step_rdp: ``setting -> (orders -> per-round RDP)``.
+        summary: One line saying what the bound is and what it assumes.
+    """
+
+    name: str
+    step_rdp: Callable[[RoundSetting], RdpFn]
+    summary: str
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """A mechanism of the table: parameters, methods (first is the default) and references.
+
+    Attributes:
+        name: The mechanism's name (``shuffle-opacus account NAME``).
+        parameters: The parameters it requires, among ``n``, ``m``, ``rate`` and ``sigma``.
+        methods: Upper bounds on its RDP per round; the first is the default and the tightest.
+        neighbouring: The neighbouring relation of its guarantees.
+        references: Comparison curves by name (``no-shuffle``, ``central``); not guarantees.
+    """
+
+    name: str
+    parameters: tuple[str, ...]
+    methods: tuple[Method, ...]
+    neighbouring: str
+    references: Mapping[str, Callable[[RoundSetting], RdpFn]]
+
+    @property
+    def method_names(self) -> tuple[str, ...]:
+        """Names of the methods, the default first."""
+        return tuple(m.name for m in self.methods)
+
+    @property
+    def default_method(self) -> str:
+        """Name of the default (tightest) method."""
+        return self.methods[0].name
+
+    def method(self, name: str | None = None) -> Method:
+        """Return the method called ``name`` (the default for ``None``).
+
+        Raises:
+            ValueError: if the mechanism has no such method.
+        """
+        if name is None:
+            return self.methods[0]
+        for method in self.methods:
+            if method.name == name:
+                return method
+        raise ValueError(
+            f"method must be one of {', '.join(self.method_names)} for {self.name}. Found {name!r}."
+        )
+
+    def reference(self, name: str) -> Callable[[RoundSetting], RdpFn]:
+        """Return the per-round RDP factory of the reference curve ``name``.
+
+        Raises:
+            ValueError: if the mechanism has no such reference.
+        """
+        if name not in self.references:
+            allowed = ", ".join(self.references) or "none"
+            raise ValueError(f"reference must be one of {allowed} for {self.name}. Found {name!r}.")
+        return self.references[name]
+
+    def setting(
+        self,
+        *,
+        sigma: float | None,
+        n: int | None = None,
+        m: int | None = None,
+        rate: float | None = None,
+    ) -> RoundSetting:
+        """Validate the parameters of one round.
+
+        Returns:
+            A :class:`RoundSetting`.
+
+        Raises:
+            ValueError: for a missing or extraneous parameter, or a value out of range.
+        """
+        given = {"n": n, "sigma": sigma, "m": m, "rate": rate}
+        for name in self.parameters:
+            if given[name] is None:
+                raise ValueError(f"{name} is required for {self.name}.")
+        for name, value in given.items():
+            if value is not None and name not in self.parameters:
+                raise ValueError(f"{name} is not a parameter of {self.name}. Found {value!r}.")
+        n_checked = check_int("n", n, minimum=1) if n is not None else None
+        return RoundSetting(
+            sigma=check_positive("sigma", sigma),
+            n=n_checked,
+            m=check_int("m", m, minimum=1, maximum=n_checked) if m is not None else None,
+            rate=check_probability("rate", rate) if rate is not None else None,
+        )
+
+
+# --- per-round RDP factories of every method and reference ------------------------------------
+
+
+def _theorem1(s: RoundSetting) -> RdpFn:
+    return lambda orders: shuffle_gaussian_rdp(n=s.n, sigma=s.sigma, orders=orders)  # type: ignore[arg-type]
+
+
+def _corollary1(s: RoundSetting) -> RdpFn:
+    return lambda orders: no_shuffle_rdp(sigma=s.sigma, orders=orders)
+
+
+def _theorem2(s: RoundSetting) -> RdpFn:
+    return lambda orders: subsampled_shuffle_rdp(n=s.n, m=s.m, sigma=s.sigma, orders=orders)  # type: ignore[arg-type]
+
+
+def _checkin(method: str) -> Callable[[RoundSetting], RdpFn]:
+    def factory(s: RoundSetting) -> RdpFn:
+        return lambda orders: checkin_rdp(
+            n=s.n,  # type: ignore[arg-type]
+            rate=s.rate,  # type: ignore[arg-type]
+            sigma=s.sigma,
+            orders=orders,
+            method=method,
+        )
+
+    return factory
+
+
+def _gaussian(scale: Callable[[RoundSetting], float]) -> Callable[[RoundSetting], RdpFn]:
+    def factory(s: RoundSetting) -> RdpFn:
+        return lambda orders: gaussian_rdp(sigma=s.sigma * scale(s), orders=orders)
+
+    return factory
+
+
+def _poisson_gaussian(scale: Callable[[RoundSetting], float]) -> Callable[[RoundSetting], RdpFn]:
+    def factory(s: RoundSetting) -> RdpFn:
+        return lambda orders: poisson_subsampled_gaussian_rdp(
+            rate=s.rate,  # type: ignore[arg-type]
+            sigma=s.sigma * scale(s),
+            orders=orders,
+        )
+
+    return factory
+
+
+def _wang_gaussian(scale: Callable[[RoundSetting], float]) -> Callable[[RoundSetting], RdpFn]:
+    def factory(s: RoundSetting) -> RdpFn:
+        return lambda orders: subsampled_gaussian_rdp(
+            rate=s.m / s.n,  # type: ignore[operator]
+            sigma=s.sigma * scale(s),
+            orders=orders,
+        )
+
+    return factory
+
+
+def _one(_: RoundSetting) -> float:
+    return 1.0
+
+
+_SHUFFLE_PAIR = "replace-one user, other users at a common value (Theorem 1 pair)"
+
+MECHANISM_TABLE: dict[str, Mechanism] = {
+    m.name: m
+    for m in (
+        Mechanism(
+            name="shuffle",
+            parameters=("n", "sigma"),
+            methods=(
+                Method("theorem1", _theorem1, "Theorem 1 of Liew & Takahashi, exact"),
+                Method("corollary1", _corollary1, "Corollary 1: the Gaussian, no shuffling"),
+            ),
+            neighbouring=_SHUFFLE_PAIR,
+            references={
+                "no-shuffle": _corollary1,
+                "central": _gaussian(lambda s: math.sqrt(s.n)),  # type: ignore[arg-type]
+            },
+        ),
+        Mechanism(
+            name="subsampled",
+            parameters=("n", "m", "sigma"),
+            methods=(Method("theorem2", _theorem2, "Theorem 2: Wang et al. bound on Theorem 1"),),
+            neighbouring=_SHUFFLE_PAIR,
+            references={
+                "no-shuffle": _wang_gaussian(_one),
+                "central": _wang_gaussian(lambda s: math.sqrt(s.m)),  # type: ignore[arg-type]
+            },
+        ),
+        Mechanism(
+            name="checkin",
+            parameters=("n", "rate", "sigma"),
+            methods=(
+                Method("exact", _checkin("exact"), "exact binomial average of Theorem 1"),
+                Method("sum", _checkin("sum"), "the paper's Eq. 17 summed over the binomial"),
+                Method("theorem3", _checkin("theorem3"), "the paper's Theorem 3 (Conjecture 1)"),
+            ),
+            neighbouring=_SHUFFLE_PAIR,
+            references={
+                "no-shuffle": _poisson_gaussian(_one),
+                "central": _poisson_gaussian(lambda s: math.sqrt(s.rate * s.n)),  # type: ignore[operator]
+            },
+        ),
+        Mechanism(
+            name="gaussian",
+            parameters=("sigma",),
+            methods=(Method("rdp", _gaussian(_one), "Gaussian mechanism, lambda / 2 sigma^2"),),
+            neighbouring="sum changes by at most the sensitivity",
+            references={},
+        ),
+        Mechanism(
+            name="subsampled-gaussian",
+            parameters=("rate", "sigma"),
+            methods=(
+                Method(
+                    "rdp",
+                    _poisson_gaussian(_one),
+                    "Poisson-subsampled Gaussian (Mironov, Talwar & Zhang)",
+                ),
+            ),
+            neighbouring="add/remove-one user (Poisson sampling)",
+            references={},
+        ),
+    )
+}
+
+MECHANISMS: tuple[str, ...] = tuple(MECHANISM_TABLE)
+"""Names of the mechanisms with a Rényi-DP analysis."""
+
+METHODS: dict[str, tuple[str, ...]] = {m.name: m.method_names for m in MECHANISM_TABLE.values()}
+"""Methods of each mechanism, the default first."""
+
+REFERENCES: dict[str, tuple[str, ...]] = {
+    m.name: tuple(m.references) for m in MECHANISM_TABLE.values()
+}
+"""Reference curves of each mechanism."""
+
+
+def get_mechanism(name: str) -> Mechanism:
+    """Return the table entry of mechanism ``name``.
+
+    Raises:
+        ValueError: for an unknown name.
+    """
+    if name not in MECHANISM_TABLE:
+        raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}. Found {name!r}.")
+    return MECHANISM_TABLE[name]
+
+
+@functools.lru_cache(maxsize=256)
+def _step_table(mechanism: str, curve: str, setting: RoundSetting, max_order: int) -> np.ndarray:
+    """Per-round RDP at orders ``2..max_order`` (read-only; cached across calls)."""
+    mech = MECHANISM_TABLE[mechanism]
+    if curve in mech.references:
+        factory = mech.references[curve]
+    else:
+        factory = mech.method(curve).step_rdp
+    table = np.asarray(factory(setting)(np.arange(2, max_order + 1)), dtype=float)
+    table.setflags(write=False)
+    return table
+
+
+def per_step_rdp(
+    mechanism: str,
+    *,
+    sigma: float,
+    n: int | None = None,
+    m: int | None = None,
+    rate: float | None = None,
+    method: str | None = None,
+) -> RdpFn:
+    """Return a function mapping integer orders to the RDP of one round of ``mechanism``.
+
+    Args:
+        mechanism: One of :data:`MECHANISMS`.
+        sigma: Noise parameter (see the module docstring for its unit).
+        n: Population size (shuffle mechanisms).
+        m: Users per round (``subsampled``).
+        rate: Check-in rate (``checkin``) or Poisson rate (``subsampled-gaussian``).
+        method: Bound to use; the first entry of ``METHODS[mechanism]`` by default.
+
+    Returns:
+        ``orders -> rdp`` (numpy arrays).
+
+    Raises:
+        ValueError: on an unknown mechanism or method, a missing or extraneous parameter, or an
+            out-of-range value.
+    """
+    mech = get_mechanism(mechanism)
+    chosen = mech.method(method)
+    return chosen.step_rdp(mech.setting(sigma=sigma, n=n, m=m, rate=rate))
+
+
+def rounds_epsilon(
+    mechanism: str,
+    rounds: Sequence[tuple[RoundSetting, int]],
+    *,
+    delta: float,
+    method: str | None = None,
+    reference: str | None = None,
+    max_order: int | None = None,
+) -> EpsilonResult:
+    """Epsilon of a sequence of rounds: RDP of every round summed, then Lemma 2.
+
+    Rounds with different settings compose by adding their RDP at each order (RDP composition,
+    Mironov 2017, Proposition 1); the order is then chosen by
+    :func:`~shuffle_opacus.analysis.epsilon_from_rdp`. Per-round RDP tables are cached, so
+    asking again after more rounds (an accountant's ``get_epsilon``, a curve evaluated every
+    round) costs only the conversion.
+
+    Args:
+        mechanism: One of :data:`MECHANISMS`.
+        rounds: ``(setting, steps)`` pairs, settings from :meth:`Mechanism.setting`.
+        delta: Target delta in ``(0, 1)``.
+        method: A method of the mechanism (the default when ``None``).
+        reference: A reference curve instead of a method (``no-shuffle`` or ``central``).
+        max_order: Optional cap on the Rényi order.
+
+    Returns:
+        An :class:`~shuffle_opacus.analysis.EpsilonResult`; epsilon 0 at order 0 when there are
+        no rounds.
+
+    Raises:
+        ValueError: on an invalid argument.
+    """
+    mech = get_mechanism(mechanism)
+    delta = check_delta(delta)
+    if reference is not None and method is not None:
+        raise ValueError(
+            f"give a method or a reference, not both. Found {method!r}, {reference!r}."
+        )
+    curve = mech.method(method).name if reference is None else reference
+    if reference is not None:
+        mech.reference(reference)
+    if max_order is not None:
+        max_order = check_int("max_order", max_order, minimum=2)
+    parts = [(s, check_int("steps", k, minimum=0)) for s, k in rounds]
+    parts = [(s, k) for s, k in parts if k > 0]
+    if not parts:
+        return EpsilonResult(epsilon=0.0, delta=delta, order=0, max_order=0, at_cap=False)
+
+    def total(orders: np.ndarray) -> np.ndarray:
+        top = max(2, int(orders[-1]))
+        out = np.zeros(orders.shape)
+        for setting, steps in parts:
+            out = out + steps * _step_table(mech.name, curve, setting, top)[orders - 2]
+        return out
+
+    return epsilon_from_rdp(total, delta=delta, max_order=max_order)
+
+
+def compute_epsilon(
+    mechanism: str,
+    *,
+    sigma: float,
+    steps: int,
+    delta: float,
+    n: int | None = None,
+    m: int | None = None,
+    rate: float | None = None,
+    method: str | None = None,
+    max_order: int | None = None,
+) -> AccountingResult:
+    """Epsilon of ``steps`` rounds of ``mechanism`` at ``delta`` (RDP composition + Lemma 2).
+
+    Args:
+        mechanism: One of :data:`MECHANISMS`.
+        sigma: Noise parameter (see the module docstring for its unit).
+        steps: Number of rounds composed (integer >= 1).
+        delta: Target delta in ``(0, 1)``.
+        n: Population size (shuffle mechanisms).
+        m: Users per round (``subsampled``).
+        rate: Check-in rate (``checkin``) or Poisson rate (``subsampled-gaussian``).
+        method: Bound to use; the first entry of ``METHODS[mechanism]`` by default.
+        max_order: Cap on the Rényi order; by default the range grows until the optimum is
+            interior. A warning (:class:`~shuffle_opacus.analysis.OrderCapWarning`) is issued
+            when the optimum sits at the cap.
+
+    Returns:
+        An :class:`~shuffle_opacus.analysis.AccountingResult` (``kind="rdp"``).
+
+    Raises:
+        ValueError: on any invalid argument.
+    """
+    mech = get_mechanism(mechanism)
+    chosen = mech.method(method)
+    setting = mech.setting(sigma=sigma, n=n, m=m, rate=rate)
+    steps = check_int("steps", steps, minimum=1)
+    delta = check_delta(delta)
+    if max_order is not None:
+        max_order = check_int("max_order", max_order, minimum=2)
+    step_rdp = chosen.step_rdp(setting)
+    res = epsilon_from_rdp(
+        lambda orders: steps * step_rdp(orders), delta=delta, max_order=max_order
+    )
+    return AccountingResult(
+        mechanism=mech.name,
+        method=chosen.name,
+        epsilon=res.epsilon,
+        delta=delta,
+        steps=steps,
+        parameters=setting.as_dict(),
+        kind="rdp",
+        accounting="Rényi DP composed over the steps, converted by Lemma 2",
+        neighbouring=mech.neighbouring,
+        order=res.order,
+        max_order=res.max_order,
+        at_cap=res.at_cap,
+    )

@@ -1,0 +1,113 @@
+"""Text and JSON for result records: the one renderer of the command line.
+
+:func:`table` lays out any list of :class:`~shuffle_opacus.analysis.AccountingResult` records
+(whatever produced them) as aligned columns, with a footer stating the neighbouring relation and
+how epsilon was obtained; :func:`json_lines` gives one JSON object per record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .analysis.results import AccountingResult
+
+__all__ = ["table", "json_lines", "grid", "fmt", "calibration_text"]
+
+
+def fmt(value: object) -> str:
+    """Format one cell: ``-`` for ``None``, six significant digits for floats."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def grid(headers: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns under a header and a rule."""
+    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in body:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def _epsilon_cell(result: AccountingResult) -> str:
+    if result.finite:
+        return f"{result.epsilon:.6f}"
+    return f"n/a ({result.note})" if result.note else "inf"
+
+
+def table(results: Sequence[AccountingResult]) -> str:
+    """Lay out result records as a table.
+
+    Columns: mechanism, method, the parameters (in the order they first appear), steps, delta,
+    epsilon, the Rényi order for Rényi-DP results (``(cap)`` when it sits at the order cap) and
+    a note column when a finite result carries a note. Footer lines state, for each distinct
+    kind of result, the neighbouring relation, the unit of privacy and the accounting.
+
+    Args:
+        results: At least one record.
+
+    Returns:
+        The table as text (no trailing newline).
+
+    Raises:
+        ValueError: if ``results`` is empty.
+    """
+    if not results:
+        raise ValueError("results must hold at least one AccountingResult. Found none.")
+    names: list[str] = []
+    for r in results:
+        names.extend(k for k in r.parameters if k not in names)
+    rdp = any(r.kind == "rdp" for r in results)
+    notes = any(r.note and r.finite for r in results)
+    headers = ["mechanism", "method", *names, "steps", "delta", "epsilon"]
+    headers += ["order"] * rdp + ["note"] * notes
+    body = []
+    for r in results:
+        row = [r.mechanism, r.method, *(fmt(r.parameters.get(k)) for k in names)]
+        row += [str(r.steps), fmt(r.delta), _epsilon_cell(r)]
+        if rdp:
+            row.append("-" if r.order is None else f"{r.order}{' (cap)' if r.at_cap else ''}")
+        if notes:
+            row.append(r.note if r.note and r.finite else "")
+        body.append(row)
+    footers: list[str] = []
+    for r in results:
+        line = f"neighbouring: {r.neighbouring}; unit of privacy: one user; {r.accounting}"
+        if "tail" in r.extra:
+            line += f"; truncated mass {r.extra['tail']:.3g} per round added to delta"
+        if line not in footers:
+            footers.append(line)
+    return "\n".join([grid(headers, body), *footers])
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def json_lines(results: Sequence[AccountingResult]) -> str:
+    """One JSON object per record (:meth:`~shuffle_opacus.analysis.AccountingResult.to_dict`)."""
+    return "\n".join(json.dumps({k: _plain(v) for k, v in r.to_dict().items()}) for r in results)
+
+
+def calibration_text(row: Mapping[str, Any]) -> str:
+    """Return the three-line summary of a noise calibration (``shuffle-opacus calibrate``)."""
+    return "\n".join(
+        [
+            f"noise_multiplier  {row['noise_multiplier']:.6g}  (local sigma: each client's noise "
+            "std / C)",
+            f"epsilon           {row['epsilon']:.6f} <= {row['target_epsilon']:g} at "
+            f"delta={row['delta']:g}",
+            f"setting           {row['protocol']}, n={row['n']}, rate={row['rate']:g}, "
+            f"rounds={row['rounds']}, sensitivity={row['sensitivity']:g} C, "
+            f"method={row['method']}",
+        ]
+    )
