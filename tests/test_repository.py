@@ -31,7 +31,7 @@ def test_readme_main_job_is_the_quick_experiment():
     assert match, "README must show the main command after <!-- main-command -->"
     setup, _, job = match.group(1).strip().partition(" && ")
     assert setup == "bash .ci/setup"
-    assert job == ".venv/bin/shuffle-opacus train --config configs/quick.yaml"
+    assert job == ".venv/bin/shuffle-experiment train --config configs/quick.yaml"
     # The job's config is valid (running it takes minutes; the smoke config runs in the tests).
     from shuffle_experiments.config import load_config
     from shuffle_experiments.curves import CURVE_LABELS, EpsilonCurves
@@ -74,3 +74,59 @@ def test_readme_calibrate_example_is_true(capsys):
     row = json.loads(capsys.readouterr().out)
     assert f"{row['noise_multiplier']:.6g}" == match.group(2)
     assert f"{row['epsilon']:.6f}" == match.group(3)
+
+
+def _examples() -> list[tuple[str, list[str]]]:
+    """``$ shuffle-opacus ...`` lines of the README's text blocks, each with its quoted output."""
+    found: list[tuple[str, list[str]]] = []
+    for block in re.findall(r"```text\n(.+?)\n\s*```", README, re.S):
+        lines = [line.strip() for line in block.splitlines()]
+        for i, line in enumerate(lines):
+            if line.startswith("$ shuffle-opacus "):
+                output = []
+                for follow in lines[i + 1 :]:
+                    if follow.startswith("$ "):
+                        break
+                    output.append(follow)
+                found.append((line[2:], output))
+    return found
+
+
+@pytest.mark.parametrize(("command", "expected"), _examples(), ids=lambda v: str(v)[:60])
+def test_readme_command_examples_are_true(command, expected, capsys):
+    from shuffle_opacus.cli import main
+
+    assert main(command.split()[1:]) == 0
+    actual = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    if "..." not in expected:
+        assert actual == expected
+        return
+    # "..." stands for any lines: the quoted ones must appear in this order.
+    rest = iter(actual)
+    for line in (e for e in expected if e != "..."):
+        assert any(line == got for got in rest), f"{line!r} not in the output of {command}"
+
+
+def test_readme_quotes_examples():
+    assert len(_examples()) >= 4
+
+
+def test_the_library_never_imports_the_application():
+    import ast
+
+    for path in (ROOT / "shuffle_opacus").rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            for name in names:
+                top = name.split(".")[0]
+                assert top not in ("experiments", "shuffle_experiments", "tests"), (path, name)
+    # Nothing called `experiments` is installed: the application is `shuffle_experiments`.
+    code = (
+        "import importlib.util, sys; sys.exit(importlib.util.find_spec('experiments') is not None)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], cwd="/").returncode == 0

@@ -1,4 +1,7 @@
-"""Figures 1–5 of Koskela, Heikkilä & Honkela (seed 000), redrawn from the package.
+"""Figures 1–5 of Koskela, Heikkilä & Honkela, redrawn from the package.
+
+Koskela, Heikkilä & Honkela, *Numerical Accounting in the Shuffle Model of Differential Privacy*
+(arXiv:2106.00477).
 
 Each figure is written as ``pld_figN.png`` with its data as ``pld_figN.csv`` (long format: one row
 per point, columns ``curve, x, y`` plus the figure's parameters) into ``--out`` (default
@@ -15,10 +18,10 @@ take a few minutes on one core.
    ``h`` of eq. 2.3 for one round, and ``delta(eps)`` after 100 rounds.
 3. ``eps(delta = 1e-6)`` of subsampled shufflers against the number of compositions: the PLD of
    Lemma 7 + connect-the-dots against RDP from Girgis et al.'s Theorem 3.1 (CCS'21) subsampled
-   with Wang et al.'s Theorem 9 and converted with Lemma 2. Seed 000 compares with Theorem 2 of
-   Girgis, Data & Diggavi (NeurIPS'21), a direct subsampled-shuffle bound whose text is not among
-   the seeds; the Wang route stands in for it and is labelled as such. The seed does not list
-   the parameters of its Figure 3; here ``n = 10^6``, ``gamma = 0.01`` and ``eps0 = 2``.
+   with Wang et al.'s Theorem 9 and converted with Lemma 2. Koskela et al. compare with Theorem 2
+   of Girgis, Data & Diggavi (NeurIPS'21), a direct subsampled-shuffle bound not implemented
+   here; the Wang route stands in for it and is labelled as such. The paper does not list the
+   parameters of its Figure 3; here ``n = 10^6``, ``gamma = 0.01`` and ``eps0 = 2``.
 4. Shuffled k-randomised response, ``n = 1000``, ``gamma = 0.25``, ``k = 4``: strong and weak
    adversaries against the general ``eps0``-LDP analysis at
    ``eps0 = log(((1 - gamma) k + gamma) / gamma)``, for 1, 10 and 100 compositions.
@@ -308,7 +311,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         Exit status 0.
     """
-    parser = argparse.ArgumentParser(description="Redraw seed 000's Figures 1-5 from the package.")
+    parser = argparse.ArgumentParser(
+        description="Redraw Figures 1-5 of Koskela et al. (arXiv:2106.00477)."
+    )
     parser.add_argument("--out", default="docs/figures", help="output directory")
     parser.add_argument(
         "--only", type=int, nargs="+", choices=sorted(FIGURES), help="figure numbers (default all)"

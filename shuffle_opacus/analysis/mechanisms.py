@@ -499,7 +499,7 @@ def compute_epsilon(
         steps=steps,
         parameters=setting.as_dict(),
         kind="rdp",
-        accounting="Rényi DP composed over the steps, converted by Lemma 2",
+        accounting="Rényi DP composed, converted by Lemma 2",
         neighbouring=mech.neighbouring,
         order=res.order,
         max_order=res.max_order,

@@ -1,6 +1,7 @@
 """Monte Carlo estimate of the hockey-stick divergence of the shuffled Gaussian (a check).
 
-Koskela, Heikkilä & Honkela (seed 000, §5 and Appendix C.3): for the neighbouring pair of
+Koskela, Heikkilä & Honkela, *Numerical Accounting in the Shuffle Model of Differential
+Privacy* (arXiv:2106.00477), §5 and Appendix C.3: for the neighbouring pair of
 Theorem 1 of the shuffle-Gaussian paper (all ``n`` inputs equal, ``X = (0, ..., 0)``, against
 ``X'`` with one input moved by the distance 1, noise ``N(0, sigma^2)`` per coordinate and the
 reports shuffled) the two outputs are

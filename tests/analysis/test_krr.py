@@ -1,4 +1,4 @@
-"""Shuffled k-randomised response against the strong and weak adversaries (seed 000 §4, App. C).
+"""Shuffled k-randomised response against the strong and weak adversaries (arXiv:2106.00477 §4, C).
 
 Oracle: exact enumeration (``fractions.Fraction``) of every full view of the adversary --
 inputs of users 1..n-1, the beta vector it knows, and the multiset of shuffled reports -- for

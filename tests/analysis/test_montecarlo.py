@@ -1,4 +1,4 @@
-"""Monte Carlo hockey-stick divergence of the shuffled Gaussian (seed 000, §5, Appendix C.3)."""
+"""Monte Carlo hockey-stick divergence of the shuffled Gaussian (arXiv:2106.00477 §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""PLD accounting for shuffled eps0-LDP reports (seed 000 §3, §3.4, Appendices A–B).
+"""PLD accounting for shuffled eps0-LDP reports (Koskela et al.,
+arXiv:2106.00477, §3, §3.4, Appendices A–B).
 
 Oracles: the closed form of randomised response (n = 1 makes the FMT22 pair randomised
 response), the analytic Gaussian (Balle & Wang) through the same binning path, brute-force
@@ -38,7 +39,7 @@ DISC = 1e-4
 
 
 def brute_pair(n: int, eps0: float) -> tuple[np.ndarray, np.ndarray]:
-    """Untruncated P and Q of seed 000 eq. 3.1 over (a, b), by the definition (no Lemma A.1)."""
+    """Untruncated P and Q of eq. 3.1 over (a, b), by the definition (no Lemma A.1)."""
     p = 1.0 / (math.exp(eps0) + 1.0)
     q = 1.0 - p
     P = np.zeros((n + 1, n + 1))
@@ -221,7 +222,7 @@ def test_lemma11_keeps_few_outcomes() -> None:
 )
 def test_not_above_clones_numerical(n: int, eps0: float, eps: float) -> None:
     # FMT22's pair has Bin(n-1, 2/(e^eps0+1)) clones against Bin(n-1, e^-eps0) in the 2021
-    # analysis; seed 000 Figure 1 shows the PLD at or below the clones numerical bound.
+    # analysis; Koskela et al.'s Figure 1 shows the PLD at or below the clones numerical bound.
     # Pessimistic rounding moves every loss up by at most one grid step (1e-4), so the PLD's
     # delta at eps is bounded by the true delta at eps - 1e-4 (eps = eps0 is an edge case).
     slack = eps - DEFAULT_DISCRETIZATION

@@ -1,4 +1,5 @@
-"""The seed 000 figures in docs/figures: the shipped data keep the orderings the paper reports.
+"""Figures 1-5 of Koskela et al. (arXiv:2106.00477) in docs/figures: the shipped data keep
+the orderings the paper reports.
 
 The CSVs are produced by ``shuffle-experiment pld-figures`` (about 30 s, too slow for the
 suite); these tests read them, so a regenerated figure that breaks an ordering fails here.

@@ -318,10 +318,7 @@ def clones_results(
                 steps=int(count),
                 parameters={"n": n, key: value, "rate": rate},
                 kind="approximate",
-                accounting=(
-                    "clones bound per round (Feldman, McMillan & Talwar); several rounds: "
-                    f"{_COMPOSITION} composition with the best per-round delta"
-                ),
+                accounting="clones bound per round, optimal composition over rounds",
                 neighbouring="replace-one user",
                 epsilon_lower=lower,
                 note=note,
