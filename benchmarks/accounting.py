@@ -7,6 +7,11 @@
    delta = 1e-5): theorem3, sum, exact and the central reference, with times.
 3. Theorem 1 at max order 30 against partition enumeration, and at max order 2000.
 4. The numerical clones bound (Feldman, McMillan & Talwar, Theorem 3.2) up to n = 10^7.
+5. PLD of shuffled eps0-LDP reports (Koskela, Heikkilä & Honkela) up to n = 10^6.
+6. PLD of the shuffle Gaussian itself (``method="pld"``) at the MNIST check-in setting, the quick
+   experiment's setting and Table 1's, against RDP ``exact`` and the central reference
+   (``dp_accounting``, Poisson-subsampled Gaussian with std sigma sqrt(gamma n) on the sum);
+   each setting in a fresh process, with its time and peak memory.
 """
 
 import os
@@ -14,8 +19,12 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -159,5 +168,96 @@ def main() -> None:
         print(f"| {n:,} | {eps0:g} | {eps:.6f} | {clones:.6f} | {size:,} | {secs:.2f} |")
 
 
+#: (label, compute_epsilon arguments, central std on the sum, central sampling rate, delta)
+PLD_SETTINGS = {
+    "mnist": (
+        "MNIST check-in: n=60000, gamma=0.1, sigma=5, 5540 rounds, delta=1e-5",
+        {
+            "mechanism": "checkin",
+            "n": 60000,
+            "rate": 0.1,
+            "sigma": 5.0,
+            "steps": 5540,
+            "delta": 1e-5,
+        },  # fmt: skip
+    ),
+    "quick": (
+        "quick.yaml: n=60000, gamma=0.05, sigma=0.5, 1400 rounds, delta=1e-5",
+        {
+            "mechanism": "checkin",
+            "n": 60000,
+            "rate": 0.05,
+            "sigma": 0.5,
+            "steps": 1400,
+            "delta": 1e-5,
+        },  # fmt: skip
+    ),
+    **{
+        f"table1-{k}": (
+            f"Table 1: n=60000, sigma=9.48, delta=1/n, {k} composition(s)",
+            {"mechanism": "shuffle", "n": 60000, "sigma": 9.48, "steps": k, "delta": 1 / 60000},
+        )
+        for k in range(1, 8)
+    },
+}
+
+
+def pld_child(name: str) -> None:
+    """Compute one PLD setting in this (fresh) process and print a JSON line."""
+    kwargs = dict(PLD_SETTINGS[name][1])
+    mechanism = kwargs.pop("mechanism")
+    start = time.perf_counter()
+    pld = compute_epsilon(mechanism, **kwargs, method="pld")
+    seconds = time.perf_counter() - start
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"epsilon": pld.epsilon, "seconds": seconds, "rss_mb": rss}))
+
+
+def central_epsilon(kwargs: dict) -> float:
+    """The central reference of a setting, by dp_accounting's own PLD (connect-the-dots)."""
+    from dp_accounting.pld import privacy_loss_distribution as pldm
+
+    gamma = kwargs.get("rate", 1.0)
+    std = kwargs["sigma"] * math.sqrt(gamma * kwargs["n"])
+    if gamma == 1.0:
+        from shuffle_opacus.analysis import gaussian_dp_epsilon
+
+        return gaussian_dp_epsilon(kwargs["delta"], sigma=std / math.sqrt(kwargs["steps"]))
+    pld = pldm.from_gaussian_mechanism(
+        standard_deviation=std, sampling_prob=gamma, value_discretization_interval=1e-6
+    )
+    return pld.self_compose(kwargs["steps"]).get_epsilon_for_delta(kwargs["delta"])
+
+
+def pld_section() -> None:
+    print("\n## PLD of the shuffle Gaussian (method pld): epsilon, time and peak memory")
+    print("| setting | pld | RDP exact | central | pld / central | time (s) | peak RSS (MB) |")
+    print("|---|---|---|---|---|---|---|")
+    for name, (label, kwargs) in PLD_SETTINGS.items():
+        out = subprocess.run(
+            [sys.executable, __file__, "--pld-child", name],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        args = dict(kwargs)
+        mechanism = args.pop("mechanism")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rdp = compute_epsilon(mechanism, **args).epsilon
+        central = central_epsilon(kwargs)
+        print(
+            f"| {label} | {row['epsilon']:.6f} | {rdp:.6f} | {central:.6f} | "
+            f"{row['epsilon'] / central:.4f} | {row['seconds']:.2f} | {row['rss_mb']:.0f} |"
+        )
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--pld-child":
+        pld_child(sys.argv[2])
+    elif len(sys.argv) == 2 and sys.argv[1] == "--pld":
+        pld_section()
+    else:
+        main()
+        pld_section()

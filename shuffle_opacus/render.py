@@ -81,7 +81,7 @@ def table(results: Sequence[AccountingResult]) -> str:
     for r in results:
         line = f"neighbouring: {r.neighbouring}; unit of privacy: one user; {r.accounting}"
         if "tail" in r.extra:
-            line += f"; truncated mass {r.extra['tail']:.3g} per round added to delta"
+            line += f"; left-out mass (budget {r.extra['tail']:.3g} per round) added to delta"
         if line not in footers:
             footers.append(line)
     return "\n".join([grid(headers, body), *footers])

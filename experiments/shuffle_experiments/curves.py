@@ -19,6 +19,10 @@ any other method of the protocol
     The reference curves of the analysis (:data:`shuffle_opacus.analysis.MECHANISM_TABLE`):
     Corollary 1 in place of Theorem 1 (no amplification by shuffling), and a trusted server
     adding the same total noise to the sum (a reference, not a guarantee of the protocol).
+``pld``
+    The protocol's privacy-loss-distribution method: the tight ``(eps, delta)`` of Theorem 1's
+    pair (:mod:`shuffle_opacus.analysis.pld.gaussian`), composed over the rounds. Like
+    ``clones`` it is evaluated only at the evaluation rounds and the last round.
 ``clones``
     The approximate-DP baseline of :mod:`shuffle_opacus.analysis.approximate.baselines`: each
     round by the clones method for Gaussian reports (Feldman, McMillan & Talwar, *Hiding Among
@@ -57,10 +61,12 @@ CURVE_LABELS: dict[str, str] = {
     "no-shuffle": "no shuffling (Corollary 1)",
     "central": "central DP reference",
     "clones": "clones + check-in + optimal composition (approx. DP)",
+    "pld": "shuffle, privacy loss distribution (this package)",
 }
 
-#: Curves too slow to evaluate every round (see :meth:`EpsilonCurves.row`).
-SPARSE_CURVES: frozenset[str] = frozenset(BASELINES)
+#: Curves too slow to evaluate every round (see :meth:`EpsilonCurves.row`): the baselines and
+#: the privacy-loss-distribution methods (each evaluation composes the rounds' PLDs).
+SPARSE_CURVES: frozenset[str] = frozenset({*BASELINES, "pld"})
 
 
 class EpsilonCurves:

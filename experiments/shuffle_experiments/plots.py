@@ -33,6 +33,7 @@ _STYLE = {
     "no-shuffle": {"color": "tab:blue", "linestyle": ":"},
     "central": {"color": "black", "linestyle": (0, (1, 3))},
     "clones": {"color": "tab:green", "linestyle": "--"},
+    "pld": {"color": "tab:brown", "linestyle": "-", "linewidth": 2.2},
 }
 
 

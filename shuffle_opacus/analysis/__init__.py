@@ -8,8 +8,8 @@ The package is grouped by kind of guarantee:
   conversion;
 * :mod:`.approximate`: approximate-DP baselines: the clones method, composition theorems, the
   analytic Gaussian, and their composed curves;
-* :mod:`.pld`: privacy loss distributions of shuffled eps0-LDP reports and k-randomised
-  response;
+* :mod:`.pld`: privacy loss distributions of the shuffle Gaussian itself (the ``pld`` method),
+  of shuffled eps0-LDP reports and of k-randomised response;
 * :mod:`.mechanisms`: the table of Rényi-DP mechanisms and methods;
   :mod:`.catalogue`: every mechanism of the ``account`` command; :mod:`.results`: the result
   record; :mod:`.montecarlo`: a Monte Carlo check of the shuffled Gaussian.
@@ -58,6 +58,9 @@ from .pld import (
     ldp_shuffle_epsilon,
     ldp_shuffle_pld,
     ldp_shuffle_rdp,
+    shuffle_gaussian_delta,
+    shuffle_gaussian_epsilon,
+    shuffle_gaussian_pld,
     subsampled_ldp_shuffle_pld,
 )
 from .rdp.central import gaussian_rdp, poisson_subsampled_gaussian_rdp
@@ -132,6 +135,9 @@ __all__ = [
     "rounds_epsilon",
     "shuffle_gaussian_log_excess",
     "shuffle_gaussian_rdp",
+    "shuffle_gaussian_delta",
+    "shuffle_gaussian_epsilon",
+    "shuffle_gaussian_pld",
     "shuffled_gaussian_delta_mc",
     "subsample_dp",
     "subsampled_gaussian_rdp",

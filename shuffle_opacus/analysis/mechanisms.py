@@ -44,8 +44,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
 from ._validation import check_delta, check_int, check_positive, check_probability
+from .pld.common import compose_plds
+from .pld.gaussian import pld_discretization, pld_tail, shuffle_gaussian_pld
 from .rdp.central import gaussian_rdp, poisson_subsampled_gaussian_rdp
 from .rdp.checkin import checkin_rdp
 from .rdp.conversion import EpsilonResult, epsilon_from_rdp
@@ -97,17 +100,27 @@ class RoundSetting:
 
 @dataclass(frozen=True)
 class Method:
-    """One way to bound the Rényi DP of a round.
+    """One way to bound the privacy of a round: a Rényi-DP curve or a privacy loss distribution.
 
     Attributes:
         name: The method's name (``--method`` of the ``account`` command).
-        step_rdp: ``setting -> (orders -> per-round RDP)``.
+        step_rdp: ``setting -> (orders -> per-round RDP)`` (Rényi-DP methods).
         summary: One line saying what the bound is and what it assumes.
+        step_pld: ``(setting, discretization, tail) -> PrivacyLossDistribution`` of one round
+            (privacy-loss-distribution methods), and ``setting -> default discretization`` as
+            ``pld_grid``.
     """
 
     name: str
-    step_rdp: Callable[[RoundSetting], RdpFn]
+    step_rdp: Callable[[RoundSetting], RdpFn] | None
     summary: str
+    step_pld: Callable[[RoundSetting, float, float], PrivacyLossDistribution] | None = None
+    pld_grid: Callable[[RoundSetting], float] | None = None
+
+    @property
+    def kind(self) -> str:
+        """``rdp`` or ``pld``."""
+        return "pld" if self.step_pld is not None else "rdp"
 
 
 @dataclass(frozen=True)
@@ -257,6 +270,28 @@ def _one(_: RoundSetting) -> float:
     return 1.0
 
 
+def _pld_kwargs(s: RoundSetting) -> dict[str, object]:
+    # For the shuffle mechanisms: rate for check-in, m for the subsampled shuffle.
+    return {"n": s.n, "sigma": s.sigma, "rate": s.rate, "m": s.m}
+
+
+def _shuffle_pld(s: RoundSetting, discretization: float, tail: float) -> PrivacyLossDistribution:
+    return shuffle_gaussian_pld(**_pld_kwargs(s), discretization=discretization, tail=tail)  # type: ignore[arg-type]
+
+
+def _shuffle_pld_grid(s: RoundSetting) -> float:
+    return pld_discretization(**_pld_kwargs(s))  # type: ignore[arg-type]
+
+
+_PLD = Method(
+    "pld",
+    None,
+    "privacy loss distribution of Theorem 1's pair (tight (eps, delta), Koskela et al. style)",
+    _shuffle_pld,
+    _shuffle_pld_grid,
+)
+
+
 _SHUFFLE_PAIR = "replace-one user, other users at a common value (Theorem 1 pair)"
 
 MECHANISM_TABLE: dict[str, Mechanism] = {
@@ -268,6 +303,7 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
             methods=(
                 Method("theorem1", _theorem1, "Theorem 1 of Liew & Takahashi, exact"),
                 Method("corollary1", _corollary1, "Corollary 1: the Gaussian, no shuffling"),
+                _PLD,
             ),
             neighbouring=_SHUFFLE_PAIR,
             references={
@@ -278,7 +314,10 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
         Mechanism(
             name="subsampled",
             parameters=("n", "m", "sigma"),
-            methods=(Method("theorem2", _theorem2, "Theorem 2: Wang et al. bound on Theorem 1"),),
+            methods=(
+                Method("theorem2", _theorem2, "Theorem 2: Wang et al. bound on Theorem 1"),
+                _PLD,
+            ),
             neighbouring=_SHUFFLE_PAIR,
             references={
                 "no-shuffle": _wang_gaussian(_one),
@@ -292,6 +331,7 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
                 Method("exact", _checkin("exact"), "exact binomial average of Theorem 1"),
                 Method("sum", _checkin("sum"), "the paper's Eq. 17 summed over the binomial"),
                 Method("theorem3", _checkin("theorem3"), "the paper's Theorem 3 (Conjecture 1)"),
+                _PLD,
             ),
             neighbouring=_SHUFFLE_PAIR,
             references={
@@ -352,7 +392,7 @@ def _step_table(mechanism: str, curve: str, setting: RoundSetting, max_order: in
     if curve in mech.references:
         factory = mech.references[curve]
     else:
-        factory = mech.method(curve).step_rdp
+        factory = mech.method(curve).step_rdp  # type: ignore[assignment]
     table = np.asarray(factory(setting)(np.arange(2, max_order + 1)), dtype=float)
     table.setflags(write=False)
     return table
@@ -386,7 +426,31 @@ def per_step_rdp(
     """
     mech = get_mechanism(mechanism)
     chosen = mech.method(method)
+    if chosen.step_rdp is None:
+        raise ValueError(f"method {chosen.name} of {mechanism} has no Rényi-DP curve.")
     return chosen.step_rdp(mech.setting(sigma=sigma, n=n, m=m, rate=rate))
+
+
+def _pld_epsilon(
+    method: Method, parts: Sequence[tuple[RoundSetting, int]], delta: float
+) -> tuple[float, float, float]:
+    """Epsilon of the composed rounds' PLDs, with the grid step and per-round tail used.
+
+    The rounds share the finest default grid step of their settings; each round leaves out
+    :func:`~shuffle_opacus.analysis.pld.gaussian.pld_tail` of ``delta`` and the total rounds.
+    """
+    assert method.step_pld is not None and method.pld_grid is not None
+    discretization = min(method.pld_grid(s) for s, _ in parts)
+    tail = pld_tail(delta, sum(k for _, k in parts))
+    merged: dict[RoundSetting, int] = {}  # rounds with one setting compose as one block
+    for setting, steps in parts:
+        merged[setting] = merged.get(setting, 0) + steps
+    plds = []
+    for setting, steps in merged.items():
+        one = method.step_pld(setting, discretization, tail)
+        plds.append(one if steps == 1 else one.self_compose(steps))
+    epsilon = max(0.0, float(compose_plds(plds=plds).get_epsilon_for_delta(delta)))
+    return epsilon, discretization, tail
 
 
 def rounds_epsilon(
@@ -436,6 +500,16 @@ def rounds_epsilon(
     parts = [(s, k) for s, k in parts if k > 0]
     if not parts:
         return EpsilonResult(epsilon=0.0, delta=delta, order=0, max_order=0, at_cap=False)
+    if reference is None and mech.method(method).kind == "pld":
+        if max_order is not None:
+            raise ValueError("max_order applies to Rényi-DP methods, not to the pld method.")
+        return EpsilonResult(
+            epsilon=_pld_epsilon(mech.method(method), parts, delta)[0],
+            delta=delta,
+            order=0,
+            max_order=0,
+            at_cap=False,
+        )
 
     def total(orders: np.ndarray) -> np.ndarray:
         top = max(2, int(orders[-1]))
@@ -487,9 +561,27 @@ def compute_epsilon(
     delta = check_delta(delta)
     if max_order is not None:
         max_order = check_int("max_order", max_order, minimum=2)
-    step_rdp = chosen.step_rdp(setting)
+    if chosen.kind == "pld":
+        if max_order is not None:
+            raise ValueError("max_order applies to Rényi-DP methods, not to the pld method.")
+        epsilon, discretization, tail = _pld_epsilon(chosen, [(setting, steps)], delta)
+        return AccountingResult(
+            mechanism=mech.name,
+            method=chosen.name,
+            epsilon=epsilon,
+            delta=delta,
+            steps=steps,
+            parameters=setting.as_dict(),
+            kind="pld",
+            accounting="privacy loss distribution (dp_accounting, pessimistic)",
+            neighbouring=mech.neighbouring,
+            extra={"discretization": discretization, "tail": tail},
+        )
+    step_rdp = chosen.step_rdp
+    assert step_rdp is not None
+    per_round = step_rdp(setting)
     res = epsilon_from_rdp(
-        lambda orders: steps * step_rdp(orders), delta=delta, max_order=max_order
+        lambda orders: steps * per_round(orders), delta=delta, max_order=max_order
     )
     return AccountingResult(
         mechanism=mech.name,

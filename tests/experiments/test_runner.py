@@ -15,7 +15,7 @@ import yaml
 from shuffle_experiments import runner
 from shuffle_experiments.cli import main
 from shuffle_experiments.config import load_config, validate
-from shuffle_experiments.curves import EpsilonCurves
+from shuffle_experiments.curves import SPARSE_CURVES, EpsilonCurves
 
 from shuffle_opacus import history_epsilon
 from shuffle_opacus.analysis import OrderCapWarning
@@ -72,7 +72,7 @@ def test_smoke_config_end_to_end(tmp_path, capsys):
     for name in cfg.privacy.accountants:
         eps = [float(r[f"eps_{name}"]) for r in rows if r[f"eps_{name}"]]
         assert all(b >= a for a, b in zip(eps, eps[1:], strict=False)), name
-        assert len(eps) == (len(evals) if name == "clones" else len(rows)), name
+        assert len(eps) == (len(evals) if name in SPARSE_CURVES else len(rows)), name
     # The baseline is the composed clones bound of one round's profile, at rounds 5, 10, ...
     from shuffle_opacus.analysis.approximate.baselines import composed_epsilon, round_profile
 
@@ -91,6 +91,13 @@ def test_smoke_config_end_to_end(tmp_path, capsys):
         sensitivity=cfg.privacy.sensitivity,
     ).epsilon  # fmt: skip
     assert float(rows[-1]["eps_exact"]) == pytest.approx(expected, rel=1e-12)
+    # So is the pld curve, with the pld method (tighter than the RDP bound).
+    expected = history_epsilon(
+        [(cfg.privacy.noise_multiplier, cfg.protocol.rate, cfg.training.rounds)],
+        protocol="checkin", delta=cfg.privacy.delta, population=2000,
+        sensitivity=cfg.privacy.sensitivity, method="pld",
+    ).epsilon  # fmt: skip
+    assert float(rows[-1]["eps_pld"]) == expected < float(rows[-1]["eps_exact"])
     # The plotted data are the evaluation rows.
     with (run_dir / "accuracy_vs_epsilon.csv").open(newline="") as fh:
         plotted = list(csv.DictReader(fh))

@@ -4,6 +4,7 @@
   plain and subsampled (Koskela, Heikkilä & Honkela, arXiv:2106.00477, §3);
 * :mod:`.krr`: shuffled k-randomised response against the strong and weak adversaries (same
   paper, §4);
+* :mod:`.gaussian`: the shuffle Gaussian itself (plain, subsampled, check-in), the ``pld`` method;
 * :mod:`.common`: defaults, checks, pessimistic binning and heterogeneous composition.
 """
 
@@ -13,6 +14,12 @@ from .common import (
     compose_plds,
     default_tail,
     pmf_from_losses,
+)
+from .gaussian import (
+    shuffle_gaussian_delta,
+    shuffle_gaussian_epsilon,
+    shuffle_gaussian_pair,
+    shuffle_gaussian_pld,
 )
 from .krr import KRR_ADVERSARIES, krr_delta, krr_eps0, krr_epsilon, krr_pld, krr_tail_delta
 from .ldp import (
@@ -46,6 +53,10 @@ __all__ = [
     "ldp_shuffle_pld",
     "ldp_shuffle_rdp",
     "pmf_from_losses",
+    "shuffle_gaussian_delta",
+    "shuffle_gaussian_epsilon",
+    "shuffle_gaussian_pair",
+    "shuffle_gaussian_pld",
     "subsampled_ldp_shuffle_pld",
     "subsampled_profile",
 ]
