@@ -91,12 +91,14 @@ class DataConfig(_Section):
     pickle_path: str | None = None
     train_subset: int | None = Field(default=None, gt=0)
     test_subset: int | None = Field(default=None, gt=0)
+    #: ``standard``: (pixel - 0.1307) / 0.3081 (MNIST's mean and sd); ``unit``: pixels in [0, 1].
+    normalize: Literal["standard", "unit"] = "standard"
 
 
 class ModelConfig(_Section):
     """The network trained by the clients."""
 
-    name: Literal["cnn", "mlp"] = "cnn"
+    name: Literal["cnn", "cnn_small", "mlp"] = "cnn"
 
 
 class ProtocolConfig(_Section):
@@ -139,6 +141,8 @@ class OptimizerConfig(_Section):
     lr: float = Field(gt=0)
     momentum: float = Field(default=0.0, ge=0, lt=1)
     schedule: Literal["constant", "cosine"] = "constant"
+    #: Rounds of linear warm-up from 0 to ``lr`` before the schedule.
+    warmup: int = Field(default=0, ge=0)
 
 
 class TrainingConfig(_Section):
@@ -150,6 +154,20 @@ class TrainingConfig(_Section):
     grad_sample_mode: Literal["hooks", "functorch", "ew"] = "hooks"
     micro_batch: int | None = Field(default=200, gt=0)
     threads: int = Field(default=2, gt=0)
+    #: ``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``.
+    device: str = "auto"
+    #: Decay of an exponential moving average of the weights, evaluated instead of the weights
+    #: themselves (post-processing of the private trajectory); ``null`` for none.
+    ema: float | None = Field(default=None, gt=0, lt=1)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if value in ("auto", "cpu", "cuda") or (
+            value.startswith("cuda:") and value[5:].isdigit()
+        ):
+            return value
+        raise ValueError("must be auto, cpu, cuda or cuda:N")
 
 
 class ExperimentConfig(_Section):
@@ -189,6 +207,11 @@ class ExperimentConfig(_Section):
             raise ConfigError(
                 f"protocol.sample_size must be < the number of clients ({clients}), got "
                 f"{p.sample_size}"
+            )
+        if self.optimizer.warmup >= self.training.rounds:
+            raise ConfigError(
+                f"optimizer.warmup must be < training.rounds ({self.training.rounds}), got "
+                f"{self.optimizer.warmup}"
             )
         if self.data.source in ("torchvision", "idx") and self.data.root is None:
             raise ConfigError(f"data.root is required for data.source {self.data.source}, got null")

@@ -27,16 +27,35 @@ def cnn() -> nn.Module:
     )
 
 
+def cnn_small() -> nn.Module:
+    """Return a narrower tanh CNN for heavy local noise (5,154 parameters).
+
+    The layout of :func:`cnn` with half the filters and no hidden linear layer: the noise every
+    client adds is spread over five times fewer coordinates, so each round's averaged update
+    carries about 2.2 times less noise in norm for the same clipped signal.
+    """
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 8, stride=2, padding=3),
+        nn.Tanh(),
+        nn.MaxPool2d(2, 1),
+        nn.Conv2d(8, 16, 4, stride=2),
+        nn.Tanh(),
+        nn.MaxPool2d(2, 1),
+        nn.Flatten(),
+        nn.Linear(16 * 4 * 4, 10),
+    )
+
+
 def mlp() -> nn.Module:
     """Return a 784-128-10 multilayer perceptron (101,770 parameters)."""
     return nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-MODELS = {"cnn": cnn, "mlp": mlp}
+MODELS = {"cnn": cnn, "cnn_small": cnn_small, "mlp": mlp}
 
 
 def build_model(name: str) -> nn.Module:
-    """Return a fresh model by name (``cnn`` or ``mlp``).
+    """Return a fresh model by name (``cnn``, ``cnn_small`` or ``mlp``).
 
     Raises:
         ValueError: for an unknown name.

@@ -35,6 +35,7 @@ number of threads the result is bit-for-bit that of an uninterrupted run (tested
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import math
@@ -163,7 +164,10 @@ def _tensors(config: ExperimentConfig) -> tuple[torch.Tensor, ...]:
         test_x, test_y = test_x[: d.test_subset], test_y[: d.test_subset]
 
     def images(x: np.ndarray) -> torch.Tensor:
-        return ((torch.from_numpy(x) - MNIST_MEAN) / MNIST_STD).unsqueeze(1).contiguous()
+        pixels = torch.from_numpy(x)
+        if d.normalize == "standard":
+            pixels = (pixels - MNIST_MEAN) / MNIST_STD
+        return pixels.unsqueeze(1).contiguous()
 
     return (
         images(train_x),
@@ -178,6 +182,44 @@ def _optimizer(config: ExperimentConfig, model: nn.Module) -> torch.optim.Optimi
     if o.name == "sgd":
         return torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum)
     return torch.optim.Adam(model.parameters(), lr=o.lr)
+
+
+def resolve_device(name: str) -> torch.device:
+    """Return the device of ``training.device``: ``auto`` is CUDA when available, else the CPU.
+
+    Raises:
+        ConfigError: for a CUDA device that this machine does not have.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        index = device.index or 0
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise ConfigError(f"training.device {name} is not available here; use auto or cpu")
+    return device
+
+
+class _Average:
+    """Exponential moving average of a model's weights (what is evaluated when ``ema`` is set).
+
+    ``avg = decay * avg + (1 - decay) * weights`` after every round, with the usual warm-up
+    ``decay_t = min(decay, (1 + t) / (10 + t))`` so that early averages are not dominated by the
+    initial weights. It only reads the trained weights, so it is post-processing: it changes no
+    privacy number.
+    """
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        self.decay = decay
+        self.model = copy.deepcopy(model).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, round_number: int) -> None:
+        decay = min(self.decay, (1.0 + round_number) / (10.0 + round_number))
+        for avg, p in zip(self.model.parameters(), model.parameters(), strict=True):
+            avg.mul_(decay).add_(p.detach(), alpha=1.0 - decay)
 
 
 @torch.no_grad()
@@ -218,12 +260,18 @@ class _Session:
         self.config = config
         self.run_dir = run_dir
         torch.set_num_threads(config.training.threads)
-        self.train_x, self.train_y, self.test_x, self.test_y = _tensors(config)
+        self.device = resolve_device(config.training.device)
+        self.train_x, self.train_y, self.test_x, self.test_y = (
+            t.to(self.device) for t in _tensors(config)
+        )
         self.population = int(self.train_x.shape[0])
         torch.manual_seed(config.seed)
-        model = build_model(config.model.name)
+        model = build_model(config.model.name).to(self.device)
         optimizer = _optimizer(config, model)
-        self.noise_generator = torch.Generator().manual_seed(config.seed + 1)
+        # Copied before Opacus attaches its hooks to the model's layers.
+        self.average = _Average(model, config.training.ema) if config.training.ema else None
+        # The noise is drawn on the device that holds the gradients.
+        self.noise_generator = torch.Generator(device=self.device).manual_seed(config.seed + 1)
         with warnings.catch_warnings():
             # Opacus's reminder that its RNG is not cryptographically secure: this is a
             # simulation whose noise must be reproducible from the seed.
@@ -256,35 +304,49 @@ class _Session:
         self.plain_model: nn.Module = self.model._module
         self.curves = EpsilonCurves(config, self.population)
 
+    @property
+    def evaluated_model(self) -> nn.Module:
+        """The weights that are evaluated: their moving average when ``training.ema`` is set."""
+        return self.average.model if self.average is not None else self.plain_model
+
     def state(self, round_done: int, seconds: float, participants: int) -> dict[str, Any]:
         return {
             "round": round_done,
             "model": self.plain_model.state_dict(),
+            "average": self.average.model.state_dict() if self.average is not None else None,
             "optimizer": self.optimizer.original_optimizer.state_dict(),
             "accountant": self.engine.accountant.state_dict(),
-            "noise_generator": self.noise_generator.get_state(),
+            "noise_generator": self.noise_generator.get_state(),  # a CPU tensor on any device
             "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None,
             "seconds": seconds,
             "participants": participants,
         }
 
     def load(self, state: dict[str, Any]) -> None:
         self.plain_model.load_state_dict(state["model"])
+        if self.average is not None:
+            self.average.model.load_state_dict(state["average"])
         self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
         self.engine.accountant.load_state_dict(state["accountant"])
         self.noise_generator.set_state(state["noise_generator"])
         torch.set_rng_state(state["torch_rng"])
+        if self.device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
 
     def learning_rate(self, round_number: int) -> float:
         """Return the learning rate of round ``round_number`` (1-based) under the schedule.
 
-        ``cosine`` decays from ``optimizer.lr`` to 0 over the run: ``lr (1 + cos(pi (t - 1) /
-        T)) / 2``. It is a function of the round only, so a resumed run needs no extra state.
+        ``optimizer.warmup`` rounds rise linearly to ``optimizer.lr``; then ``cosine`` decays to 0
+        over the remaining rounds: ``lr (1 + cos(pi (t - 1 - W) / (T - W))) / 2``. It is a
+        function of the round only, so a resumed run needs no extra state.
         """
         o = self.config.optimizer
+        if round_number <= o.warmup:
+            return o.lr * round_number / (o.warmup + 1)
         if o.schedule == "constant":
             return o.lr
-        frac = (round_number - 1) / self.config.training.rounds
+        frac = (round_number - 1 - o.warmup) / (self.config.training.rounds - o.warmup)
         return o.lr * 0.5 * (1.0 + math.cos(math.pi * frac))
 
     def round(self, indices: Sequence[int], round_number: int) -> float:
@@ -296,7 +358,7 @@ class _Session:
         accountant step. Chunks keep the per-sample gradients small (faster on CPU); the result
         equals the unchunked round up to floating-point rounding.
         """
-        idx = torch.as_tensor(indices, dtype=torch.long)
+        idx = torch.as_tensor(indices, dtype=torch.long, device=self.device)
         x, y = self.train_x[idx], self.train_y[idx]
         size = int(idx.numel())
         chunk = self.config.training.micro_batch or max(size, 1)
@@ -320,6 +382,8 @@ class _Session:
             self.optimizer.step()
             if not last:
                 self.optimizer.zero_grad(set_to_none=True)  # the clipped sum is kept
+        if self.average is not None:
+            self.average.update(self.plain_model, round_number)
         return loss_sum / size if size else math.nan
 
 
@@ -427,7 +491,7 @@ def _train(
                 evaluated = done % t.eval_every == 0 or done == rounds
                 if evaluated:
                     s = session
-                    test_loss, last_acc = evaluate(s.plain_model, s.test_x, s.test_y)
+                    test_loss, last_acc = evaluate(s.evaluated_model, s.test_x, s.test_y)
                     row["test_loss"], row["test_accuracy"] = _fmt(test_loss), _fmt(last_acc)
                 eps = session.curves.row(done, sparse=evaluated)
                 row.update({f"eps_{k}": _fmt(v) for k, v in eps.items()})

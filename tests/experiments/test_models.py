@@ -8,7 +8,9 @@ from opacus.validators import ModuleValidator
 from shuffle_experiments.models import build_model
 
 
-@pytest.mark.parametrize(("name", "params"), [("cnn", 26010), ("mlp", 101770)])
+@pytest.mark.parametrize(
+    ("name", "params"), [("cnn", 26010), ("cnn_small", 5154), ("mlp", 101770)]
+)
 def test_models(name, params):
     model = build_model(name)
     assert sum(p.numel() for p in model.parameters()) == params  # counted by hand per layer
@@ -18,5 +20,5 @@ def test_models(name, params):
 
 
 def test_unknown_model():
-    with pytest.raises(ValueError, match="model.name must be one of cnn, mlp"):
+    with pytest.raises(ValueError, match="model.name must be one of cnn, cnn_small, mlp"):
         build_model("resnet")

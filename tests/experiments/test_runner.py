@@ -124,8 +124,12 @@ def test_resume_after_stop_matches_uninterrupted_run(tmp_path):
 
 
 def test_ctrl_c_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch):
-    # With the cosine schedule and momentum, so that optimizer state must be restored too.
-    cfg = tiny_config(tmp_path, "training.checkpoint_every=100", "optimizer.schedule=cosine")
+    # With warm-up, the cosine schedule, momentum and a weight average, so that optimizer and
+    # average state must be restored too.
+    cfg = tiny_config(
+        tmp_path, "training.checkpoint_every=100", "optimizer.schedule=cosine",
+        "optimizer.warmup=3", "training.ema=0.9", "training.device=cpu",
+    )  # fmt: skip
     runner.run(cfg, run_dir=tmp_path / "whole", progress=False)
     original = runner._Session.round
 
@@ -148,6 +152,24 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch):
     assert (part / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
     a, b = final_params(whole), final_params(part)
     assert all(torch.equal(a[k], b[k]) for k in a)
+    average = torch.load(part / "checkpoint.pt", weights_only=False)["average"]
+    assert average is not None and not torch.equal(average["0.weight"], b["0.weight"])
+
+
+def test_learning_rate_warms_up_then_follows_the_schedule(tmp_path):
+    cfg = tiny_config(tmp_path, "optimizer.warmup=3", "optimizer.schedule=cosine")
+    session = runner._Session(cfg, tmp_path, 0)
+    lr = cfg.optimizer.lr
+    rates = [session.learning_rate(t) for t in range(1, cfg.training.rounds + 1)]
+    assert rates[:3] == pytest.approx([lr / 4, lr / 2, 3 * lr / 4])
+    assert rates[3] == pytest.approx(lr) and rates[-1] < rates[4] < lr
+    assert session.device == torch.device("cpu")  # auto, on a machine without CUDA
+
+
+def test_unavailable_device_is_one_line(tmp_path):
+    cfg = tiny_config(tmp_path, "training.device=cuda:99")
+    with pytest.raises(runner.ConfigError, match="training.device cuda:99 is not available"):
+        runner.run(cfg, run_dir=tmp_path / "r", progress=False)
 
 
 def test_exception_mid_round_keeps_the_last_checkpoint(tmp_path, monkeypatch):
