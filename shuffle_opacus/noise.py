@@ -21,6 +21,7 @@ over the round's size, zero included.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from opacus.optimizers import DPOptimizer
@@ -106,6 +107,24 @@ class LocalNoiseDPOptimizer(DPOptimizer):
         self.noise_mode = noise_mode
         self.last_report_count = 0
         self._pending_reports = 0
+        self._clipped_sums: Any = None
+
+    def use_clipped_sums(self, module: Any) -> None:
+        """Take the clipped sums from a :class:`~shuffle_opacus.clipping.ClippedSumModule`.
+
+        The module computes ``sum_i c_i grad_i`` during ``loss.backward()`` with the same clip
+        factor as Opacus (``min(1, C / (||grad_i|| + 1e-6))``); the optimizer then only adds
+        the round's local noise and steps. Its clipping norm must be this optimizer's.
+
+        Raises:
+            ValueError: if the module clips to another norm.
+        """
+        if not math.isclose(module.max_grad_norm, self.max_grad_norm, rel_tol=1e-12):
+            raise ValueError(
+                f"the module clips to {module.max_grad_norm}, the optimizer to "
+                f"{self.max_grad_norm}; they must agree."
+            )
+        self._clipped_sums = module
 
     def _batch_reports(self) -> int:
         grad_sample = self.params[0].grad_sample if self.params else None
@@ -117,8 +136,35 @@ class LocalNoiseDPOptimizer(DPOptimizer):
 
     def clip_and_accumulate(self) -> None:
         """Clip per-sample gradients into ``p.summed_grad`` and count the reports."""
+        if self._clipped_sums is not None:
+            sums, reports = self._clipped_sums.take()
+            self._pending_reports += reports
+            for p in self.params:
+                total = sums[p]
+                p.summed_grad = total if p.summed_grad is None else p.summed_grad + total
+            return
         self._pending_reports += self._batch_reports()
         super().clip_and_accumulate()
+
+    def pre_step(self, closure: Any = None) -> bool:
+        """Clip and accumulate, then, unless the step is skipped, add noise and scale.
+
+        Opacus's own ``pre_step`` skips everything when no per-sample gradients exist, which
+        is the case when a :class:`~shuffle_opacus.clipping.ClippedSumModule` clipped already;
+        this one runs the same sequence in both cases.
+        """
+        if self._clipped_sums is None:
+            return bool(super().pre_step(closure))
+        self.clip_and_accumulate()
+        if self._check_skip_next_step():
+            self._is_last_step_skipped = True
+            return False
+        self.add_noise()
+        self.scale_grad()
+        if self.step_hook:
+            self.step_hook(self)
+        self._is_last_step_skipped = False
+        return True
 
     def _per_client_noise(self, std: float, reports: int, reference: torch.Tensor) -> torch.Tensor:
         total = torch.zeros_like(reference)

@@ -42,13 +42,16 @@ from torch.utils.data import DataLoader, IterableDataset
 from .accountants import ACCOUNTANTS, ShuffleAccountantBase
 from .accounting import calibrate_noise_multiplier
 from .analysis._validation import check_positive
+from .clipping import ClippedSumModule, FastGradientClipper
 from .noise import NOISE_MODES, LocalNoiseDPOptimizer
 from .protocols import PROTOCOLS, Protocol, resolve_sensitivity
 from .sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler, ShuffleRoundSampler
 
 __all__ = ["PrivacyOptions", "make_private", "make_private_with_epsilon"]
 
-_GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew")
+#: Opacus's per-sample gradient modes, and ``fast``: the exact clipped sum of
+#: :class:`~shuffle_opacus.clipping.ClippedSumModule` (no per-sample gradients kept).
+_GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew", "fast")
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,10 @@ class PrivacyOptions:
         method: Core analysis method; the tightest by default.
         noise_mode: ``"sum"`` (one draw with std ``sigma C sqrt(B_t)``) or ``"per_client"``.
         loss_reduction: ``"mean"`` or ``"sum"``, matching the training loss.
-        grad_sample_mode: Opacus per-sample gradient mode: ``hooks``, ``functorch`` or ``ew``.
+        grad_sample_mode: Opacus per-sample gradient mode, ``hooks``, ``functorch`` or ``ew``, or
+            ``fast``: the exact clipped sum of :class:`~shuffle_opacus.clipping.ClippedSumModule`
+            computed during ``loss.backward()`` without keeping per-sample gradients (models of
+            ``Conv2d``, ``Linear`` and ``GroupNorm`` layers).
         batch_first: Whether the batch dimension of inputs is the first one.
         noise_generator: Torch generator for the noise (not in secure mode).
     """
@@ -226,6 +232,8 @@ def _check_training_args(
         for p in group["params"]:
             if p not in params:
                 raise ValueError("optimizer holds parameters that are not the module's.")
+    if options.grad_sample_mode == "fast":
+        FastGradientClipper(module).remove()  # raises for a layer it cannot clip
     errors = ModuleValidator.validate(module, strict=False)
     if errors:
         raise ValueError(
@@ -298,7 +306,7 @@ def _make_private(
     data_loader: DataLoader,
     noise_multiplier: float,
     options: PrivacyOptions,
-) -> tuple[AbstractGradSampleModule, LocalNoiseDPOptimizer, DataLoader]:
+) -> tuple[nn.Module, LocalNoiseDPOptimizer, DataLoader]:
     check_positive("noise_multiplier", noise_multiplier)
     plan = _prepare(engine, module, optimizer, data_loader, options)
     sampler = plan.sampler
@@ -316,13 +324,19 @@ def _make_private(
         method=plan.method,
         sample_size=sample_size,
     )
-    wrapped = prepare_module(
-        module,
-        options.grad_sample_mode,
-        batch_first=options.batch_first,
-        loss_reduction=options.loss_reduction,
-    )
-    wrapped.forbid_grad_accumulation()
+    wrapped: nn.Module
+    if options.grad_sample_mode == "fast":
+        wrapped = ClippedSumModule(
+            module, max_grad_norm=options.max_grad_norm, loss_reduction=options.loss_reduction
+        )
+    else:
+        wrapped = prepare_module(
+            module,
+            options.grad_sample_mode,
+            batch_first=options.batch_first,
+            loss_reduction=options.loss_reduction,
+        )
+        wrapped.forbid_grad_accumulation()
     dp_optimizer = LocalNoiseDPOptimizer(
         optimizer,
         noise_multiplier=noise_multiplier,
@@ -334,6 +348,8 @@ def _make_private(
         secure_mode=engine.secure_mode,
         noise_mode=options.noise_mode,
     )
+    if isinstance(wrapped, ClippedSumModule):
+        dp_optimizer.use_clipped_sums(wrapped)
     dp_optimizer.attach_step_hook(plan.accountant.local_noise_hook())
     if engine.dataset is None:
         engine.dataset = data_loader.dataset
@@ -360,7 +376,7 @@ def make_private(
     grad_sample_mode: str = "hooks",
     batch_first: bool = True,
     noise_generator: torch.Generator | None = None,
-) -> tuple[AbstractGradSampleModule, LocalNoiseDPOptimizer, DataLoader]:
+) -> tuple[nn.Module, LocalNoiseDPOptimizer, DataLoader]:
     """Prepare shuffle-model private training on an engine with a shuffle accountant.
 
     The protocol follows ``engine.accountant``: ``shuffled_checkin`` needs ``rate``,
@@ -393,7 +409,8 @@ def make_private(
         noise_generator: See :class:`PrivacyOptions`.
 
     Returns:
-        ``(module, optimizer, data_loader)``: the wrapped module, a
+        ``(module, optimizer, data_loader)``: the wrapped module (Opacus's per-sample wrapper, or
+        a :class:`~shuffle_opacus.clipping.ClippedSumModule`), a
         :class:`~shuffle_opacus.noise.LocalNoiseDPOptimizer`, and a loader whose batches are
         rounds.
 
@@ -440,7 +457,7 @@ def make_private_with_epsilon(
     batch_first: bool = True,
     noise_generator: torch.Generator | None = None,
     rel_tol: float = 1e-3,
-) -> tuple[AbstractGradSampleModule, LocalNoiseDPOptimizer, DataLoader]:
+) -> tuple[nn.Module, LocalNoiseDPOptimizer, DataLoader]:
     """Like :func:`make_private`, with the local noise multiplier calibrated to a budget.
 
     The noise multiplier is the smallest (to ``rel_tol``) for which all the sampler's rounds

@@ -151,7 +151,7 @@ class TrainingConfig(_Section):
     rounds: int = Field(gt=0)
     eval_every: int = Field(default=100, gt=0)
     checkpoint_every: int = Field(default=500, gt=0)
-    grad_sample_mode: Literal["hooks", "functorch", "ew"] = "hooks"
+    grad_sample_mode: Literal["hooks", "functorch", "ew", "fast"] = "hooks"
     micro_batch: int | None = Field(default=200, gt=0)
     threads: int = Field(default=2, gt=0)
     #: ``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``.
@@ -163,9 +163,7 @@ class TrainingConfig(_Section):
     @field_validator("device")
     @classmethod
     def _device(cls, value: str) -> str:
-        if value in ("auto", "cpu", "cuda") or (
-            value.startswith("cuda:") and value[5:].isdigit()
-        ):
+        if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
             return value
         raise ValueError("must be auto, cpu, cuda or cuda:N")
 

@@ -8,9 +8,7 @@ from opacus.validators import ModuleValidator
 from shuffle_experiments.models import build_model
 
 
-@pytest.mark.parametrize(
-    ("name", "params"), [("cnn", 26010), ("cnn_small", 5154), ("mlp", 101770)]
-)
+@pytest.mark.parametrize(("name", "params"), [("cnn", 26010), ("cnn_small", 5154), ("mlp", 101770)])
 def test_models(name, params):
     model = build_model(name)
     assert sum(p.numel() for p in model.parameters()) == params  # counted by hand per layer
