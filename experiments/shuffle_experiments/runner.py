@@ -19,9 +19,12 @@ newest run):
     :mod:`shuffle_experiments.curves`). Nothing in it depends on timing, so a resumed run writes the
     same file as an uninterrupted one.
 ``checkpoint.pt``
-    Model, optimizer, accountant, noise-generator and torch RNG state and the round number,
-    written every ``training.checkpoint_every`` rounds, at the end, and on Ctrl-C (the round
-    under way finishes first; a second Ctrl-C stops at once and leaves the last checkpoint).
+    Model, optimizer, accountant, noise-generator and torch RNG state, the round number and a
+    copy of the config, written every ``training.checkpoint_every`` rounds, at the end, and on
+    Ctrl-C (the round under way finishes first; a second Ctrl-C stops at once and leaves the
+    last checkpoint). Tensors and plain containers only: it is read back with
+    ``torch.load(weights_only=True)`` (:func:`load_checkpoint`), written to a temporary file
+    and renamed into place.
 ``summary.json``
     Final accuracy and epsilons, rounds, wall time and seconds per round.
 ``accuracy_vs_epsilon.png/.csv``, ``epsilon_vs_rounds.png/.csv``
@@ -29,8 +32,9 @@ newest run):
 
 Resuming rebuilds everything from the checkpoint: the sampler restarts at the saved round (its
 batches are a function of the seed and the round only), the noise generator continues from its
-saved state, and rows after the checkpoint are dropped from ``metrics.csv``. With the same
-number of threads the result is bit-for-bit that of an uninterrupted run (tested).
+saved state, and rows after the checkpoint are dropped from ``metrics.csv`` (rewritten through
+a temporary file). With the same number of threads the result is bit-for-bit that of an
+uninterrupted run, also after SIGKILL at any moment (tested).
 """
 
 from __future__ import annotations
@@ -66,7 +70,15 @@ from .curves import CURVE_LABELS, EpsilonCurves
 from .data import load_mnist
 from .models import build_model
 
-__all__ = ["RunResult", "run", "resume", "new_run_dir", "METRICS_FILE", "CHECKPOINT_FILE"]
+__all__ = [
+    "RunResult",
+    "run",
+    "resume",
+    "new_run_dir",
+    "load_checkpoint",
+    "METRICS_FILE",
+    "CHECKPOINT_FILE",
+]
 
 METRICS_FILE = "metrics.csv"
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -120,7 +132,11 @@ class RunResult:
 
 
 def new_run_dir(config: ExperimentConfig) -> Path:
-    """Create ``output_dir/name/<timestamp>`` and point ``output_dir/name/latest`` at it.
+    """Create a fresh ``output_dir/name/<timestamp>[-k]`` directory.
+
+    The name is claimed with an exclusive ``mkdir``, so two runs started in the same second get
+    different directories. ``latest`` is pointed at the directory by :func:`run` once its
+    ``config.yaml`` is written (see :func:`_point_latest_at`).
 
     Returns:
         The new, empty directory.
@@ -128,20 +144,32 @@ def new_run_dir(config: ExperimentConfig) -> Path:
     parent = Path(config.output_dir) / config.name
     parent.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = parent / stamp
     suffix = 1
-    while run_dir.exists():
-        suffix += 1
-        run_dir = parent / f"{stamp}-{suffix}"
-    run_dir.mkdir()
-    latest = parent / "latest"
-    if latest.is_symlink() or not latest.exists():
-        tmp = parent / f".latest-{os.getpid()}"
-        if tmp.is_symlink():
-            tmp.unlink()
-        tmp.symlink_to(run_dir.name)
-        os.replace(tmp, latest)
-    return run_dir
+    while True:
+        run_dir = parent / (stamp if suffix == 1 else f"{stamp}-{suffix}")
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            suffix += 1
+
+
+def _point_latest_at(run_dir: Path) -> None:
+    """Atomically point ``run_dir/../latest`` at ``run_dir`` (a relative symlink).
+
+    The link is created under a name unique to this process and renamed over ``latest``, so a
+    reader always finds either the previous run or this one, never a missing or partial link;
+    it is called once the run directory holds its config. A ``latest`` that is not a symlink
+    (a user's own file or directory) is left alone.
+    """
+    latest = run_dir.parent / "latest"
+    if latest.exists() and not latest.is_symlink():
+        return
+    tmp = run_dir.parent / f".latest-{os.getpid()}-{threading.get_ident()}"
+    if tmp.is_symlink():
+        tmp.unlink()
+    tmp.symlink_to(run_dir.name)
+    os.replace(tmp, latest)
 
 
 def _metric_columns(config: ExperimentConfig) -> list[str]:
@@ -243,8 +271,97 @@ def _atomic_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
+#: Version of the checkpoint layout written by :meth:`_Session.state`.
+CHECKPOINT_FORMAT = 2
+#: Config fields that may differ between a checkpoint and the run's config.yaml: where the run
+#: executes, not what it computes.
+_PLACEMENT_FIELDS = ("device", "threads")
+_CHECKPOINT_KEYS = {
+    "format": int,
+    "config": dict,
+    "round": int,
+    "model": dict,
+    "average": (dict, type(None)),
+    "optimizer": dict,
+    "accountant": dict,
+    "noise_generator": torch.Tensor,
+    "torch_rng": torch.Tensor,
+    "cuda_rng": (list, type(None)),
+    "seconds": float,
+    "participants": int,
+}
+
+
+def _comparable(config: ExperimentConfig) -> dict[str, Any]:
+    """Return the config as plain data without the placement fields (``_PLACEMENT_FIELDS``)."""
+    out = config.model_dump(mode="json")
+    for name in _PLACEMENT_FIELDS:
+        out["training"].pop(name, None)
+    return out
+
+
+def load_checkpoint(path: Path, config: ExperimentConfig) -> dict[str, Any]:
+    """Read a checkpoint safely and check that it belongs to ``config``.
+
+    The file is read with ``torch.load(weights_only=True)``: only tensors and plain containers
+    (dicts, lists, tuples, numbers, strings, None) are accepted, so a checkpoint from an
+    untrusted source cannot run code when it is loaded. Its layout, its round and its copy of
+    the config (all fields but ``training.device`` and ``training.threads``) are checked against
+    ``config``, the run's ``config.yaml``.
+
+    Args:
+        path: The ``checkpoint.pt`` file.
+        config: The run's config.
+
+    Returns:
+        The checkpoint's state.
+
+    Raises:
+        ConfigError: one line naming the file, for a file that is truncated, corrupted, holds
+            other objects, has another layout or belongs to another config.
+    """
+    try:
+        with warnings.catch_warnings():  # e.g. a foreign pickle protocol, refused just below
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ConfigError(f"checkpoint {path} does not exist") from None
+    except Exception as exc:  # noqa: BLE001 - every failure of the reader becomes one line
+        if "GLOBAL" in str(exc):  # the weights-only unpickler met a class or function
+            raise ConfigError(
+                f"checkpoint {path} holds objects other than tensors and plain containers; "
+                "refusing to load it (unpickling it could run code)"
+            ) from None
+        raise ConfigError(
+            f"checkpoint {path} is truncated, corrupted or not a checkpoint "
+            f"({type(exc).__name__}); resume from an intact copy or start the run again"
+        ) from None
+    if not isinstance(state, dict):
+        raise ConfigError(f"checkpoint {path} is not a checkpoint of this experiment")
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(
+            f"checkpoint {path} has layout {state.get('format')!r}, this version reads layout "
+            f"{CHECKPOINT_FORMAT}; start the run again"
+        )
+    for key, kind in _CHECKPOINT_KEYS.items():
+        if key not in state or not isinstance(state[key], kind):
+            raise ConfigError(f"checkpoint {path} is not a checkpoint of this experiment ({key})")
+    if state["config"] != _comparable(config):
+        raise ConfigError(
+            f"checkpoint {path} was written for a different config than "
+            f"{path.with_name(CONFIG_FILE)}; restore that config or start a new run"
+        )
+    if not 0 < state["round"] <= config.training.rounds:
+        raise ConfigError(
+            f"checkpoint {path} is at round {state['round']}, outside 1..{config.training.rounds}"
+        )
+    return state
+
+
 def _write_yaml(config: ExperimentConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    os.replace(tmp, path)
 
 
 def _fmt(value: float | None) -> str:
@@ -310,7 +427,10 @@ class _Session:
         return self.average.model if self.average is not None else self.plain_model
 
     def state(self, round_done: int, seconds: float, participants: int) -> dict[str, Any]:
+        """Return the checkpoint: tensors and plain containers only (:func:`load_checkpoint`)."""
         return {
+            "format": CHECKPOINT_FORMAT,
+            "config": _comparable(self.config),
             "round": round_done,
             "model": self.plain_model.state_dict(),
             "average": self.average.model.state_dict() if self.average is not None else None,
@@ -453,7 +573,13 @@ def _train(
     start = int(state["round"]) if state is not None else 0
     session = _Session(config, run_dir, start)
     if state is not None:
-        session.load(state)
+        try:
+            session.load(state)
+        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"checkpoint {run_dir / CHECKPOINT_FILE} does not fit this run: {first}"
+            ) from None
     seconds = float(state["seconds"]) if state is not None else 0.0
     participants_total = int(state["participants"]) if state is not None else 0
     columns = _metric_columns(config)
@@ -469,11 +595,16 @@ def _train(
     done = start
     bar = _progress(rounds, start, progress)
     saved = start
-    with _StopRequest() as stop, metrics_path.open("w", newline="") as fh:
+    # The rows up to the checkpoint are rewritten to a temporary file and renamed into place, so
+    # that a kill during the rewrite cannot lose rounds; new rounds are then appended.
+    tmp_metrics = metrics_path.with_name(METRICS_FILE + ".tmp")
+    with tmp_metrics.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-        fh.flush()
+    os.replace(tmp_metrics, metrics_path)
+    with _StopRequest() as stop, metrics_path.open("a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
         try:
             for t_index, indices in enumerate(session.sampler, start=start + 1):
                 began = time.perf_counter()
@@ -585,6 +716,7 @@ def run(
         shuffle_experiments.data.MnistNotFoundError: if MNIST cannot be found.
     """
     config = validate(config.model_dump(mode="json"))
+    own_dir = run_dir is None
     if run_dir is None:
         run_dir = new_run_dir(config)
     else:
@@ -593,6 +725,8 @@ def run(
             raise ConfigError(f"run directory {run_dir} is not empty; use --resume to continue it")
         run_dir.mkdir(parents=True, exist_ok=True)
     _write_yaml(config, run_dir / CONFIG_FILE)
+    if own_dir:
+        _point_latest_at(run_dir)
     return _train(config, run_dir, state=None, progress=progress, stop_after=stop_after, echo=echo)
 
 
@@ -628,7 +762,7 @@ def resume(
             f"--resume {run_dir}: no {CHECKPOINT_FILE} yet (the run stopped before its first "
             "checkpoint); start it again"
         )
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    state = load_checkpoint(ckpt, config)
     if int(state["round"]) >= config.training.rounds:
         raise ConfigError(
             f"--resume {run_dir}: the run is complete ({state['round']} of "

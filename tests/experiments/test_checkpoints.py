@@ -1,0 +1,309 @@
+"""Checkpoint safety and crash recovery of the experiment runner.
+
+* checkpoints load with ``torch.load(weights_only=True)``; a file holding other objects, a
+  truncated or corrupted file, another layout and another config are one-line errors;
+* a training killed with SIGKILL at random moments (and in the middle of writing a checkpoint)
+  resumes to the same ``metrics.csv`` (every round exactly once) and the same weights as an
+  uninterrupted run;
+* runs started at the same moment get different run directories, and ``latest`` only ever
+  points at a directory that holds its config.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from shuffle_experiments import runner
+from shuffle_experiments.cli import main
+from shuffle_experiments.config import ConfigError, load_config
+from shuffle_experiments.data import load_mnist
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = [
+    "data.train_subset=400",
+    "data.test_subset=100",
+    "training.rounds=24",
+    "training.eval_every=4",
+    "training.checkpoint_every=4",
+    "privacy.accountants=[exact]",
+]
+
+
+def small_config(tmp_path: Path, *extra: str):
+    return load_config(ROOT / "configs" / "smoke.yaml", [*SMALL, f"output_dir={tmp_path}", *extra])
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def rows(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "metrics.csv").open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run of the small config (its directory)."""
+    base = tmp_path_factory.mktemp("reference")
+    runner.run(small_config(base), run_dir=base / "run", progress=False, echo=quiet)
+    return base / "run"
+
+
+@pytest.fixture(scope="module")
+def tiny_pickle(tmp_path_factory) -> list[str]:
+    """Overrides that read a 400 + 100 image copy of MNIST (quick to load in a new process)."""
+    mnist = load_mnist("auto")
+    path = tmp_path_factory.mktemp("mnist") / "mnist.pkl.gz"
+
+    def rows_of(images):
+        return images.reshape(len(images), 784).astype(np.float32) / np.float32(256.0)
+
+    train = (rows_of(mnist.train_images[:400]), mnist.train_labels[:400])
+    empty = (np.zeros((0, 784), np.float32), np.zeros(0, np.int64))
+    test = (rows_of(mnist.test_images[:100]), mnist.test_labels[:100])
+    with gzip.open(path, "wb") as fh:
+        pickle.dump((train, empty, test), fh)
+    return ["data.source=pickle", f"data.pickle_path={path}"]
+
+
+@pytest.fixture
+def stopped(tmp_path):
+    """A run of the small config stopped (with a checkpoint) after round 4."""
+    run_dir = tmp_path / "run"
+    runner.run(small_config(tmp_path), run_dir=run_dir, progress=False, stop_after=4, echo=quiet)
+    return run_dir
+
+
+def resume_error(run_dir: Path) -> str:
+    with pytest.raises(ConfigError) as info:
+        runner.resume(run_dir, progress=False, echo=quiet)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+# --- safe loading ------------------------------------------------------------------------------
+
+
+def test_checkpoint_is_tensors_and_plain_containers(stopped):
+    state = torch.load(stopped / "checkpoint.pt", weights_only=True)
+    assert state["round"] == 4 and state["format"] == runner.CHECKPOINT_FORMAT
+    written = yaml.safe_load((stopped / "config.yaml").read_text())
+    assert state["config"]["optimizer"] == written["optimizer"]
+
+
+class _Payload:
+    """An object whose unpickling would run a command (what weights_only must refuse)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_checkpoint_with_code_is_refused_without_running_it(stopped, tmp_path):
+    marker = tmp_path / "pwned"
+    state = torch.load(stopped / "checkpoint.pt", weights_only=True)
+    state["seconds"] = _Payload(marker)
+    torch.save(state, stopped / "checkpoint.pt")
+    message = resume_error(stopped)
+    assert "holds objects other than tensors and plain containers" in message
+    assert str(stopped / "checkpoint.pt") in message
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "plain-pickle"])
+def test_damaged_checkpoint_is_one_line(stopped, damage):
+    path = stopped / "checkpoint.pt"
+    data = path.read_bytes()
+    damaged = {
+        "truncate": data[: len(data) // 2],
+        "garbage": os.urandom(4096),
+        "empty": b"",
+        "plain-pickle": pickle.dumps({"round": 4}),  # not torch's format
+    }
+    path.write_bytes(damaged[damage])
+    message = resume_error(stopped)
+    assert message.startswith(f"checkpoint {path} is truncated, corrupted or not a checkpoint")
+
+
+def test_checkpoint_of_another_config_is_refused(stopped):
+    path = stopped / "config.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["optimizer"]["lr"] = 0.25
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert "was written for a different config than" in resume_error(stopped)
+
+
+def test_placement_may_change_between_sessions(stopped, reference):
+    path = stopped / "config.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["training"]["device"] = "cpu"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    runner.resume(stopped, progress=False, echo=quiet)
+    assert rows(stopped) == rows(reference)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda s: s.update(format=1), "has layout 1, this version reads layout"),
+        (lambda s: s.pop("noise_generator"), "not a checkpoint of this experiment (noise_gen"),
+        (lambda s: s.update(round=10**6), "is at round 1000000, outside 1..24"),
+        (lambda s: s["model"].update({"0.weight": torch.zeros(3)}), "does not fit this run"),
+    ],
+)  # fmt: skip
+def test_inconsistent_checkpoint_is_one_line(stopped, edit, message):
+    path = stopped / "checkpoint.pt"
+    state = torch.load(path, weights_only=True)
+    edit(state)
+    torch.save(state, path)
+    assert message in resume_error(stopped)
+
+
+def test_cli_reports_a_damaged_checkpoint_on_one_line(stopped, capsys):
+    (stopped / "checkpoint.pt").write_bytes(b"PK\x03\x04 not really a zip")
+    assert main(["train", "--resume", str(stopped), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is truncated, corrupted or not a checkpoint" in err
+
+
+# --- SIGKILL at random moments ------------------------------------------------------------
+
+
+# The children are fresh interpreters (not forks: a fork of a process whose OpenMP pool is
+# running can deadlock), reading a tiny MNIST pickle so that they start quickly.
+_RESUME = """
+import sys
+from pathlib import Path
+from shuffle_experiments import runner
+run_dir = Path(sys.argv[1])
+if sys.argv[2] == "die-in-checkpoint":
+    import os, signal, torch
+    def save(obj, path):
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(obj, tmp)
+        with tmp.open("r+b") as fh:  # half-written, then the process dies
+            fh.truncate(tmp.stat().st_size // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    runner._atomic_save = save
+runner.resume(run_dir, progress=False, echo=lambda _: None)
+"""
+
+
+def _rounds_written(run_dir: Path) -> int:
+    try:
+        with (run_dir / "metrics.csv").open() as fh:
+            return sum(1 for _ in fh) - 1
+    except FileNotFoundError:
+        return 0
+
+
+def _resume_in_child(run_dir: Path, mode: str, kill_at: int | None) -> int:
+    """Resume in a new process; SIGKILL it once ``metrics.csv`` has ``kill_at`` rows.
+
+    Returns:
+        The signal that ended the child (``SIGKILL`` expected).
+    """
+    child = subprocess.Popen([sys.executable, "-c", _RESUME, str(run_dir), mode])
+    try:
+        deadline = time.monotonic() + 120
+        while kill_at is not None and child.poll() is None and time.monotonic() < deadline:
+            if _rounds_written(run_dir) >= kill_at:
+                child.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.002)
+        return -child.wait(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tiny_pickle, tmp_path):
+    config = small_config(tmp_path, *tiny_pickle)
+    reference = tmp_path / "reference"
+    runner.run(config, run_dir=reference, progress=False, echo=quiet)
+    run_dir = tmp_path / "killed"
+    runner.run(config, run_dir=run_dir, progress=False, stop_after=4, echo=quiet)
+
+    rng = random.Random(20261123)
+    for _ in range(2):  # killed after a random number of further rounds
+        done = int(torch.load(run_dir / "checkpoint.pt", weights_only=True)["round"])
+        assert _resume_in_child(run_dir, "plain", rng.randint(done + 1, 23)) == signal.SIGKILL
+    # Killed while writing a checkpoint: the half-written file must not be used.
+    assert _resume_in_child(run_dir, "die-in-checkpoint", None) == signal.SIGKILL
+    assert (run_dir / "checkpoint.pt.tmp").exists()
+
+    runner.resume(run_dir, progress=False, echo=quiet)
+    got = rows(run_dir)
+    assert [int(r["round"]) for r in got] == list(range(1, 25))  # every round exactly once
+    assert got == rows(reference)
+    final = torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+    expected = torch.load(reference / "checkpoint.pt", weights_only=True)["model"]
+    for name, tensor in expected.items():
+        assert torch.equal(final[name], tensor), name
+
+
+# --- concurrent runs ----------------------------------------------------------------------
+
+
+def test_runs_started_together_get_their_own_directories(tmp_path, monkeypatch):
+    config = small_config(tmp_path)
+    made: list[Path] = []
+    barrier = threading.Barrier(8)
+
+    def start() -> None:
+        barrier.wait()
+        made.append(runner.new_run_dir(config))
+
+    threads = [threading.Thread(target=start) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(made)) == 8 and all(p.is_dir() for p in made)
+
+
+def test_latest_points_at_a_directory_with_its_config(tmp_path):
+    config = small_config(tmp_path, "training.rounds=2", "training.eval_every=2")
+    seen: list[Path] = []
+    incomplete: list[Path] = []
+    stop = threading.Event()
+    latest = tmp_path / "smoke" / "latest"
+
+    def watch() -> None:
+        while not stop.is_set():
+            if latest.is_symlink():
+                target = latest.resolve()
+                seen.append(target)
+                if not (target / "config.yaml").exists():
+                    incomplete.append(target)
+            time.sleep(0.0005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        first = runner.run(config, progress=False, echo=quiet).run_dir
+        second = runner.run(config, progress=False, echo=quiet).run_dir
+    finally:
+        stop.set()
+        watcher.join()
+    assert first != second and latest.resolve() == second.resolve()
+    assert seen and not incomplete
