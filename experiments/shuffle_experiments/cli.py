@@ -3,9 +3,10 @@
 ``shuffle-experiment train --config FILE`` runs the MNIST experiment of Liew & Takahashi (one
 image per client, the config's protocol, local noise, an epsilon curve per accountant);
 ``train --resume RUN_DIR`` continues an interrupted run; ``plot RUN_DIR`` redraws a run's
-figures; ``table1`` and ``pld-figures`` redraw the published tables and figures into
-``docs/figures``. Errors are reported on one line (``shuffle-experiment: error: ...``) with exit
-status 2; Ctrl-C during training saves a checkpoint and exits with status 130.
+figures; ``sweep SWEEP_FILE`` runs short trials over config overrides (:mod:`.sweep`);
+``table1`` and ``pld-figures`` redraw the published tables and figures into ``docs/figures``.
+Errors are reported on one line (``shuffle-experiment: error: ...``) with exit status 2;
+Ctrl-C during training saves a checkpoint and exits with status 130.
 """
 
 from __future__ import annotations
@@ -60,6 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Redraw the plots (PNG plus the plotted data as CSV) into RUN_DIR.",
     )
     plot.add_argument("run_dir", metavar="RUN_DIR", help="a run directory of train")
+    sweep = sub.add_parser(
+        "sweep",
+        help="run short training trials over a grid of config overrides",
+        description=(
+            "Run every trial of a sweep file (a base config, common overrides, a grid and/or "
+            "a list of trials) into OUT/trial-NN, then write OUT/results.md, results.csv and "
+            "accuracy.png. Started again, it keeps finished trials and resumes the rest."
+        ),
+    )
+    sweep.add_argument("sweep_file", metavar="SWEEP_FILE", help="e.g. configs/sweeps/paper.yaml")
+    sweep.add_argument("--out", help="output directory (default: runs/sweeps/<name of SWEEP_FILE>)")
+    sweep.add_argument("--no-progress", action="store_true", help="no progress bars")
     for name, what in (
         ("table1", "Table 1 of Liew & Takahashi (clones against RDP)"),
         ("pld-figures", "Figures 1-5 of Koskela, Heikkilä & Honkela (PLD accounting)"),
@@ -94,6 +107,18 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .sweep import load_sweep, run_sweep
+
+    sweep = load_sweep(args.sweep_file)
+    out = Path(args.out) if args.out else Path("runs") / "sweeps" / Path(args.sweep_file).stem
+    run_sweep(sweep, out, progress=not args.no_progress)
+    print(f"results         {out / 'results.md'}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line interface.
 
@@ -110,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _train(args)
         if args.command == "plot":
             return _plot(args)
+        if args.command == "sweep":
+            return _sweep(args)
         if args.command == "table1":
             from .table1 import main as table1
 

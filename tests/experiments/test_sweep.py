@@ -1,0 +1,144 @@
+"""The sweep command: trials from a grid and a list, results table, resumption, errors."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import yaml
+from shuffle_experiments import runner
+from shuffle_experiments.cli import main
+from shuffle_experiments.config import ConfigError
+from shuffle_experiments.sweep import load_sweep, run_sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ROOT / "configs" / "smoke.yaml"
+
+COMMON = {
+    "training.rounds": 4,
+    "training.eval_every": 2,
+    "training.checkpoint_every": 2,
+    "data.test_subset": 200,
+    "privacy.accountants": ["exact"],
+}
+
+
+def write_sweep(tmp_path: Path, **body) -> Path:
+    base = tmp_path / "base.yaml"
+    raw = yaml.safe_load(SMOKE.read_text())
+    raw["data"]["train_subset"] = 300
+    base.write_text(yaml.safe_dump(raw))
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": "base.yaml", "set": COMMON, **body}, sort_keys=False))
+    return path
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_grid_then_list_order_and_resolved_configs(tmp_path):
+    sweep = load_sweep(
+        write_sweep(
+            tmp_path,
+            grid={"optimizer.lr": [0.1, 0.2], "model.name": ["cnn", "cnn_small"]},
+            trials=[{"training.ema": 0.9}],
+        )
+    )
+    got = [(t.config.optimizer.lr, t.config.model.name, t.config.training.ema)
+           for t in sweep.trials]  # fmt: skip
+    assert got == [
+        (0.1, "cnn", None), (0.1, "cnn_small", None), (0.2, "cnn", None),
+        (0.2, "cnn_small", None), (0.5, "cnn", 0.9),  # the listed trial keeps the base lr
+    ]  # fmt: skip
+    assert [t.number for t in sweep.trials] == [1, 2, 3, 4, 5]
+    assert all(t.config.training.rounds == 4 for t in sweep.trials)
+
+
+def test_sweep_runs_reports_and_resumes(tmp_path, capsys):
+    path = write_sweep(tmp_path, grid={"optimizer.lr": [0.1, 0.5]})
+    sweep = load_sweep(path)
+    out = tmp_path / "out"
+    # Trial 2 was interrupted after round 2: the sweep must resume it, not start it over.
+    runner.run(sweep.trials[1].config, run_dir=out / "trial-02", progress=False,
+               stop_after=2, echo=lambda _: None)  # fmt: skip
+    results = run_sweep(sweep, out, progress=False, echo=lambda _: None)
+    reference = runner.run(sweep.trials[1].config, run_dir=tmp_path / "ref", progress=False,
+                           echo=lambda _: None)  # fmt: skip
+    assert rows(out / "trial-02" / "metrics.csv") == rows(tmp_path / "ref" / "metrics.csv")
+
+    table = rows(out / "results.csv")
+    assert [r["optimizer.lr"] for r in table] == ["0.1", "0.5"]
+    for result, row in zip(results, table, strict=True):
+        metrics = rows(out / f"trial-{result.trial.number:02d}" / "metrics.csv")
+        evaluated = [(int(m["round"]), float(m["test_accuracy"])) for m in metrics
+                     if m["test_accuracy"]]  # fmt: skip
+        assert result.curve == evaluated and evaluated[-1][0] == 4
+        assert result.final_accuracy == evaluated[-1][1]
+        assert result.best_accuracy == max(a for _, a in evaluated)
+        assert float(row["final_accuracy"]) == pytest.approx(result.final_accuracy)
+    assert results[1].final_accuracy == reference.test_accuracy
+    markdown = (out / "results.md").read_text()
+    assert "| trial | optimizer.lr |" in markdown and markdown.count("\n| ") == 3
+    assert (out / "accuracy.png").stat().st_size > 0
+
+    # Started again, finished trials are kept as they are.
+    before = (out / "trial-01" / "metrics.csv").stat().st_mtime_ns
+    lines: list[str] = []
+    run_sweep(load_sweep(path), out, progress=False, echo=lines.append)
+    assert (out / "trial-01" / "metrics.csv").stat().st_mtime_ns == before
+    assert sum("done before, kept" in line for line in lines) == 2
+
+    # A changed sweep file must not silently reuse trials run with another config.
+    raw = yaml.safe_load(path.read_text())
+    raw["grid"]["optimizer.lr"] = [0.1, 0.3]
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError, match="trial-02 was run with a different config than trial 2"):
+        run_sweep(load_sweep(path), out, progress=False, echo=lambda _: None)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"grid": {"privacy.noise_multiplier": [1, 2]}},
+         "privacy.noise_multiplier is a privacy parameter"),
+        ({"trials": [{"protocol.rate": 0.2}]}, "trial 1: protocol.rate is a privacy parameter"),
+        ({"trials": [{"data.train_subset": 100}]}, "data.train_subset is a privacy parameter"),
+        ({}, "no trials"),
+        ({"grid": {"optimizer.lr": []}}, "grid.optimizer.lr must be a non-empty list"),
+        ({"trials": [{"optimizer.lr": -1}]}, "trial 1: optimizer.lr must be"),
+        ({"trials": ["lr=1"]}, "trials must be a list of mappings"),
+        ({"grid": {"optimizer.lr": [1]}, "extra": 1}, "unknown key 'extra'"),
+    ],
+)  # fmt: skip
+def test_bad_sweep_files_are_one_line_errors(tmp_path, body, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        load_sweep(write_sweep(tmp_path, **body))
+    assert "\n" not in str(info.value)
+
+
+def test_privacy_override_in_common_set_is_refused(tmp_path):
+    path = write_sweep(tmp_path, grid={"optimizer.lr": [1]})
+    raw = yaml.safe_load(path.read_text())
+    raw["set"]["privacy.delta"] = 1e-3
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError, match="set: privacy.delta is a privacy parameter"):
+        load_sweep(path)
+
+
+def test_cli_reports_a_missing_sweep_file_on_one_line(tmp_path, capsys):
+    assert main(["sweep", str(tmp_path / "nope.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shuffle-experiment: error: sweep file") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "sweeps").glob("*.yaml")),
+                         ids=lambda p: p.name)  # fmt: skip
+def test_shipped_sweeps_validate_and_keep_the_paper_privacy_setting(path):
+    sweep = load_sweep(path)
+    for trial in sweep.trials:
+        p, q = trial.config.privacy, trial.config.protocol
+        assert (q.kind, q.rate, p.clipping_norm, p.noise_multiplier, p.sensitivity, p.delta) == (
+            "checkin", 0.1, 0.01, 5.0, "paper", 1e-5)  # fmt: skip
