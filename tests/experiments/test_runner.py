@@ -43,7 +43,7 @@ def read_rows(run_dir: Path) -> list[dict[str, str]]:
 
 
 def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
 
 
 def test_smoke_config_end_to_end(tmp_path, capsys):
@@ -114,7 +114,7 @@ def test_resume_after_stop_matches_uninterrupted_run(tmp_path):
     stopped = runner.run(cfg, run_dir=part, progress=False, stop_after=7)
     assert stopped.rounds_done == 7 and not stopped.plots
     # The last checkpoint is round 5: rounds 6 and 7 are redone.
-    assert torch.load(part / "checkpoint.pt", weights_only=False)["round"] == 5
+    assert torch.load(part / "checkpoint.pt", weights_only=True)["round"] == 5
     resumed = runner.resume(part, progress=False, echo=lambda _: None)
     assert resumed.rounds_done == cfg.training.rounds
     assert (part / "metrics.csv").read_bytes() == (tmp_path / "whole" / "metrics.csv").read_bytes()
@@ -144,7 +144,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch):
         runner.run(cfg, run_dir=tmp_path / "part", progress=False, echo=messages.append)
     assert messages[-1].startswith("interrupted after round 9; continue with --resume")
     # Round 9 was completed before stopping, and the handler is gone again.
-    assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)["round"] == 9
+    assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)["round"] == 9
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     monkeypatch.setattr(runner._Session, "round", original)
     runner.resume(tmp_path / "part", progress=False, echo=lambda _: None)
@@ -152,7 +152,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch):
     assert (part / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
     a, b = final_params(whole), final_params(part)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    average = torch.load(part / "checkpoint.pt", weights_only=False)["average"]
+    average = torch.load(part / "checkpoint.pt", weights_only=True)["average"]
     assert average is not None and not torch.equal(average["0.weight"], b["0.weight"])
 
 
@@ -190,7 +190,7 @@ def test_exception_mid_round_keeps_the_last_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         runner.run(cfg, run_dir=tmp_path / "part", progress=False, echo=messages.append)
     assert "last checkpoint: round 5" in messages[-1]
-    assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)["round"] == 5
+    assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)["round"] == 5
     monkeypatch.setattr(runner._Session, "round", original)
     runner.resume(tmp_path / "part", progress=False, echo=lambda _: None)
     whole, part = tmp_path / "whole", tmp_path / "part"
@@ -322,7 +322,9 @@ def test_paper_config_is_the_papers_setting():
     assert (cfg.protocol.kind, cfg.protocol.rate) == ("checkin", 0.1)
     assert (cfg.privacy.clipping_norm, cfg.privacy.noise_multiplier) == (0.01, 5.0)
     assert cfg.privacy.sensitivity == "paper" and cfg.training.rounds == 5540
-    assert cfg.model.name == "cnn"
+    # The model is our choice (the paper says only "a small CNN"); docs/experiment.md has the
+    # trials behind it.
+    assert cfg.model.name == "cnn_small"
 
 
 def test_quick_config_uses_real_mnist_checkin():
