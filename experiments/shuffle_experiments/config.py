@@ -188,18 +188,19 @@ class ExperimentConfig(_Section):
             ConfigError: naming the offending field.
         """
         p = self.protocol
-        if p.kind == "checkin" and p.rate is None:
-            raise ConfigError("protocol.rate is required for protocol.kind checkin, got null")
-        if p.kind != "checkin" and p.rate is not None:
-            raise ConfigError(f"protocol.rate applies to checkin only, got {p.rate!r}")
-        if p.kind == "subsampled" and p.sample_size is None:
-            raise ConfigError(
-                "protocol.sample_size is required for protocol.kind subsampled, got null"
-            )
-        if p.kind != "subsampled" and p.sample_size is not None:
-            raise ConfigError(
-                f"protocol.sample_size applies to subsampled only, got {p.sample_size!r}"
-            )
+        # Which of protocol.rate / protocol.sample_size a protocol takes comes from the
+        # library's protocol table (Protocol.parameter), not from a copy of it here.
+        needed = get_protocol(p.kind).parameter
+        for field, value in (("rate", p.rate), ("sample_size", p.sample_size)):
+            if field == needed and value is None:
+                raise ConfigError(
+                    f"protocol.{field} is required for protocol.kind {p.kind}, got null"
+                )
+            if field != needed and value is not None:
+                users = [k for k, spec in PROTOCOLS.items() if spec.parameter == field]
+                raise ConfigError(
+                    f"protocol.{field} applies to {' and '.join(users)} only, got {value!r}"
+                )
         clients = self.data.train_subset or 60000
         if p.sample_size is not None and p.sample_size >= clients:
             raise ConfigError(
