@@ -1,0 +1,68 @@
+"""The ClientApp: local SGD on the node's images, privatised by the shuffle-model mod.
+
+``LocalShuffleDPMod`` is the first (outermost) mod, so the reply that leaves the node is the
+clipped and noised update with nothing but the protocol's metrics: the training loss and the
+number of examples computed below never leave the node. Its noise floor is
+``MIN_NOISE_MULTIPLIER``; a SuperNode's operator can raise it with
+``--node-config "min-noise-multiplier=..."``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from shuffle_opacus.flower import LocalShuffleDPMod
+
+from .task import initial_model, load_weights, local_train, node_data, setting
+
+#: The smallest noise multiplier this ClientApp accepts from a server.
+MIN_NOISE_MULTIPLIER = 0.5
+
+app = ClientApp(mods=[LocalShuffleDPMod(min_noise_multiplier=MIN_NOISE_MULTIPLIER)])
+
+
+def _data(context: Context) -> tuple[np.ndarray, np.ndarray]:
+    """Return the node's images and labels, kept in the node's state after the first round."""
+    cached = context.state.get("node-data")
+    if isinstance(cached, ArrayRecord):
+        return cached["images"].numpy(), cached["labels"].numpy()
+    rc = context.run_config
+    images, labels = node_data(
+        setting(context.node_config, "partition-id", int),
+        setting(context.node_config, "num-partitions", int),
+        setting(rc, "examples-per-node", int),
+        setting(rc, "data-seed", int),
+    )
+    context.state["node-data"] = ArrayRecord({"images": Array(images), "labels": Array(labels)})
+    return images, labels
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train the received model on this node's data; reply with the trained weights."""
+    torch.set_num_threads(1)
+    rc = context.run_config
+    images, labels = _data(context)
+    model = initial_model(setting(rc, "model", str), 0)
+    load_weights(model, msg.content["arrays"])
+    server_round = int(msg.content["config"]["server-round"])
+    loss = local_train(
+        model,
+        images,
+        labels,
+        epochs=setting(rc, "local-epochs", int),
+        batch_size=setting(rc, "local-batch-size", int),
+        lr=setting(rc, "local-lr", float),
+        seed=server_round * 1_000_003 + setting(context.node_config, "partition-id", int),
+    )
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(model.state_dict()),
+            # Stripped by the mod: only the protocol's own metrics leave the node.
+            "metrics": MetricRecord({"num-examples": len(labels), "train-loss": loss}),
+        }
+    )
+    return Message(content, reply_to=msg)

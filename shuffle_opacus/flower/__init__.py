@@ -1,0 +1,75 @@
+"""Shuffle-model differential privacy for federated learning on Flower (``flwr``).
+
+The protocol is the shuffled check-in of Liew & Takahashi (*Shuffle Gaussian Mechanism for
+Differential Privacy*, arXiv:2206.09569) at **user level**: the unit of privacy is a Flower node
+(a client with all of its examples), and ``n`` is the number of nodes. In every round
+
+1. each node checks in independently with probability ``rate`` (γ); a round where nobody checks
+   in is still a round (:mod:`.shuffler`, :class:`ShuffleCheckInFedAvg`);
+2. each node that checked in trains locally; :class:`LocalShuffleDPMod`, the outermost mod of
+   its ``ClientApp``, clips the node's whole update (the weights it returns minus the weights it
+   received) to L2 norm ``C`` and adds ``N(0, σ²C²I)`` before anything leaves the node, and
+   replaces the reply's metrics by the protocol's parameters;
+3. a shuffler strips the node identities from the replies and permutes them
+   (:func:`shuffle_replies`); FedAvg averages the anonymous reports;
+4. the strategy accounts the round with the package's check-in accountant
+   (:func:`shuffle_opacus.history_epsilon` with protocol ``checkin``), puts ε in the round's
+   metrics, and stops before a round that would exceed the ε budget.
+
+Inside one Flower server the check-in draw and the shuffler run in the ServerApp process, so
+they *simulate* a trusted shuffler: the guarantee holds against whoever sees only the
+shuffler's output (the aggregated model and the round metrics), not against the operator of the
+ServerApp or SuperLink. ``docs/flower.md`` says what a real deployment needs.
+
+Before the first round the strategy sends every node the privacy parameters alone; a node
+whose mod is missing or disagrees (noise floor, sensitivity convention) stops the run with one
+line before any round is run or accounted.
+
+Parts:
+
+* :class:`ShufflePrivacyConfig`: σ, C, γ, δ, the sensitivity convention and the analysis
+  method, shared by the mod, the strategy and the accountant (:mod:`.config`);
+* :class:`LocalShuffleDPMod`: the client-side clip-and-noise mod with a noise floor
+  (:mod:`.mod`);
+* :class:`ShuffleCheckInFedAvg`: the check-in FedAvg with shuffler, accountant and budget stop
+  (:mod:`.strategy`);
+* :func:`check_in`, :func:`shuffle_replies`, :func:`make_rng`: the check-in coins and the
+  shuffler (:mod:`.shuffler`);
+* :class:`InProcessGrid`: a Grid that calls a ``ClientApp`` in the same process, for tests and
+  benchmarks without Ray or network (:mod:`.inprocess`);
+* :mod:`.launch`: start a SuperLink (and SuperNodes) on loopback, ``flwr run`` an app, and stop
+  every process it started by its id.
+
+This subpackage is the only part of ``shuffle_opacus`` that imports ``flwr``; install it with
+``pip install 'shuffle-opacus[flower]'``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+if importlib.util.find_spec("flwr") is None:  # pragma: no cover - exercised in a subprocess
+    raise ImportError(
+        "shuffle_opacus.flower needs Flower (flwr), which is not installed: "
+        "pip install 'shuffle-opacus[flower]'"
+    )
+
+from .config import METRIC_KEYS, ShufflePrivacyConfig  # noqa: E402
+from .inprocess import InProcessGrid  # noqa: E402
+from .mod import LocalShuffleDPMod  # noqa: E402
+from .shuffler import ShuffledReplies, check_in, make_rng, shuffle_replies  # noqa: E402
+from .strategy import ROUND_METRIC_KEYS, ProtocolViolationError, ShuffleCheckInFedAvg  # noqa: E402
+
+__all__ = [
+    "METRIC_KEYS",
+    "ROUND_METRIC_KEYS",
+    "InProcessGrid",
+    "LocalShuffleDPMod",
+    "ProtocolViolationError",
+    "ShuffleCheckInFedAvg",
+    "ShufflePrivacyConfig",
+    "ShuffledReplies",
+    "check_in",
+    "make_rng",
+    "shuffle_replies",
+]

@@ -1,0 +1,206 @@
+"""The privacy parameters the mod, the strategy and the accountant must agree on.
+
+One :class:`ShufflePrivacyConfig` travels with every training instruction (as entries of the
+instruction's ``ConfigRecord``, :meth:`ShufflePrivacyConfig.to_config`). The client-side mod
+applies the noise multiplier and the clipping norm it finds there (after checking them against
+its own floor and sensitivity convention) and echoes all five parameters in its reply
+(:meth:`ShufflePrivacyConfig.reply_metrics`); the strategy refuses a reply whose echo differs
+from its own configuration, and accounts with exactly these values. So a round is accounted with
+the σ, C, γ, δ and sensitivity convention that the clients applied, or the run stops.
+
+Units (as in :mod:`shuffle_opacus.protocols`):
+
+* ``clip_norm`` ``C`` bounds the L2 norm of a node's whole update (the weights it returns minus
+  the weights it received), over all arrays together, in parameter units;
+* ``noise_multiplier`` σ is the standard deviation of the Gaussian noise each node adds to every
+  coordinate of its clipped update, divided by ``C``; it must be > 0 (σ = 0 sends the clipped
+  updates in the clear and is accepted only with ``allow_noiseless=True``, for tests);
+* ``sensitivity`` is the L2 distance between the two reports the differing node could send, in
+  units of ``C``: ``"replace-one"`` (2, the default: a node's whole dataset is replaced by any
+  other, so two clipped updates can be ``2C`` apart) or ``"paper"`` (1, the convention of the
+  MNIST experiment of Liew & Takahashi, arXiv:2206.09569). The analysis sigma is
+  ``noise_multiplier / sensitivity``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..analysis._validation import (
+    check_delta,
+    check_nonnegative,
+    check_positive,
+    check_probability,
+)
+from ..protocols import get_protocol, resolve_sensitivity
+
+__all__ = [
+    "CONFIG_KEYS",
+    "HANDSHAKE_KEY",
+    "METRIC_KEYS",
+    "NUM_EXAMPLES_KEY",
+    "ShufflePrivacyConfig",
+]
+
+#: ConfigRecord (and echo) key of each parameter.
+CONFIG_KEYS: dict[str, str] = {
+    "noise_multiplier": "shuffle-dp.noise-multiplier",
+    "clip_norm": "shuffle-dp.clip-norm",
+    "rate": "shuffle-dp.rate",
+    "delta": "shuffle-dp.delta",
+    "sensitivity": "shuffle-dp.sensitivity",
+}
+
+#: ConfigRecord key (``True``) of the strategy's start-up check: the mod answers such an
+#: instruction with the echo of the parameters (or a refusal) and never runs the training code.
+HANDSHAKE_KEY = "shuffle-dp.handshake"
+
+#: FedAvg's weight key; the mod sets it to 1 so that the average is uniform over the reports
+#: and reveals nothing about a node's number of examples.
+NUM_EXAMPLES_KEY = "num-examples"
+
+#: Every key of a reply's MetricRecord, and nothing else is allowed there.
+METRIC_KEYS: tuple[str, ...] = (NUM_EXAMPLES_KEY, *CONFIG_KEYS.values())
+
+_CHECKIN = get_protocol("checkin")
+
+
+@dataclass(frozen=True, init=False)
+class ShufflePrivacyConfig:
+    """σ, C, γ, δ, sensitivity convention and analysis method of a shuffled check-in run.
+
+    Attributes:
+        noise_multiplier: Local σ: each node's noise std per coordinate divided by
+            ``clip_norm`` (> 0; 0 only with ``allow_noiseless``, and then epsilon = inf).
+        clip_norm: ``C``, the L2 bound of a node's whole update (> 0).
+        rate: Check-in probability γ of every node in every round, in ``(0, 1]``.
+        delta: Target δ in ``(0, 1)``.
+        sensitivity: Sensitivity in units of ``C`` as a float (``"replace-one"`` = 2.0 and
+            ``"paper"`` = 1.0 are accepted by the constructor and stored as numbers).
+        method: Method of the check-in analysis (``exact`` by default, the tightest; see
+            :data:`shuffle_opacus.PROTOCOLS`).
+        allow_noiseless: Whether ``noise_multiplier = 0`` was explicitly allowed (tests and
+            equivalence checks only; not transmitted and not compared).
+    """
+
+    noise_multiplier: float
+    clip_norm: float
+    rate: float
+    delta: float
+    sensitivity: float = 2.0
+    method: str = "exact"
+    allow_noiseless: bool = dataclasses.field(default=False, compare=False)
+
+    def __init__(
+        self,
+        *,
+        noise_multiplier: float,
+        clip_norm: float,
+        rate: float,
+        delta: float,
+        sensitivity: float | str = "replace-one",
+        method: str | None = None,
+        allow_noiseless: bool = False,
+    ) -> None:
+        """Validate and store the parameters; see the class attributes.
+
+        Raises:
+            ValueError: naming the first parameter outside its range (``noise_multiplier``
+                <= 0 unless ``allow_noiseless``, then < 0; ``rate`` outside ``(0, 1]``; ...).
+        """
+        if not isinstance(allow_noiseless, bool):
+            raise ValueError(f"allow_noiseless must be True or False. Found {allow_noiseless!r}.")
+        check_sigma = check_nonnegative if allow_noiseless else check_positive
+        values = {
+            "noise_multiplier": check_sigma("noise_multiplier", noise_multiplier),
+            "clip_norm": check_positive("clip_norm", clip_norm),
+            "rate": check_probability("rate", rate),
+            "delta": check_delta(delta),
+            "sensitivity": resolve_sensitivity(sensitivity),
+            "method": _CHECKIN.check_method(method),
+            "allow_noiseless": allow_noiseless,
+        }
+        for key, value in values.items():
+            object.__setattr__(self, key, value)
+
+    @property
+    def analysis_sigma(self) -> float:
+        """σ in units of the sensitivity: ``noise_multiplier / sensitivity`` (the paper's σ)."""
+        return self.noise_multiplier / self.sensitivity
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of each node's noise per coordinate: ``noise_multiplier * C``."""
+        return self.noise_multiplier * self.clip_norm
+
+    def to_config(self) -> dict[str, float]:
+        """Return the entries to put in a training instruction's ``ConfigRecord``."""
+        return {key: float(getattr(self, field)) for field, key in CONFIG_KEYS.items()}
+
+    def reply_metrics(self) -> dict[str, int | float]:
+        """Return a reply's whole MetricRecord: weight 1 and the echoed parameters."""
+        return {NUM_EXAMPLES_KEY: 1, **self.to_config()}
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Mapping[str, Any],
+        *,
+        method: str | None = None,
+        allow_noiseless: bool = False,
+    ) -> ShufflePrivacyConfig:
+        """Read the parameters from a ``ConfigRecord`` (or any mapping) built by :meth:`to_config`.
+
+        Args:
+            config: The mapping.
+            method: Analysis method to attach (not carried in the record).
+            allow_noiseless: Accept ``noise_multiplier = 0`` (tests only).
+
+        Returns:
+            The validated configuration.
+
+        Raises:
+            ValueError: if a key is missing or a value is outside its range.
+        """
+        missing = [key for key in CONFIG_KEYS.values() if key not in config]
+        if missing:
+            raise ValueError(
+                f"the training instruction lacks the shuffle-model parameters {missing}; the "
+                f"server must use shuffle_opacus.flower.ShuffleCheckInFedAvg."
+            )
+        values: dict[str, Any] = {}
+        for field, key in CONFIG_KEYS.items():
+            value = config[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{key} must be a number. Found {value!r}.")
+            values[field] = float(value)
+        return cls(**values, method=method, allow_noiseless=allow_noiseless)
+
+    def differences(self, metrics: Mapping[str, Any]) -> list[str]:
+        """Return the parameters on which a reply's MetricRecord disagrees with this config.
+
+        A reply agrees when it holds exactly the keys of :data:`METRIC_KEYS`, its weight is 1,
+        and every echoed parameter equals this configuration's (relative tolerance 1e-12).
+
+        Args:
+            metrics: The reply's MetricRecord.
+
+        Returns:
+            One short description per disagreement; empty when the reply agrees.
+        """
+        problems = []
+        extra = sorted(set(metrics) - set(METRIC_KEYS))
+        if extra:
+            problems.append(f"unexpected metrics {extra}")
+        expected = self.reply_metrics()
+        for key, want in expected.items():
+            got = metrics.get(key)
+            if isinstance(got, bool) or not isinstance(got, (int, float)):
+                problems.append(f"{key} missing or not a number ({got!r})")
+            elif not math.isclose(float(got), float(want), rel_tol=1e-12, abs_tol=0.0):
+                problems.append(f"{key} = {got!r}, expected {want!r}")
+        return problems

@@ -1,0 +1,112 @@
+"""Small ClientApps for the Flower tests: numpy models whose updates the tests control."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from shuffle_opacus.flower import LocalShuffleDPMod
+
+SECRET = "node-secret-7d1f"
+
+#: An update function: (node's partition id, received arrays) -> arrays to return.
+UpdateFn = Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def shift_update(scale: float = 1.0) -> UpdateFn:
+    """Node i returns received + scale * (i + 1) * ones (an update of norm scale(i+1)sqrt(d))."""
+
+    def update(pid: int, received: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: v + np.float32(scale * (pid + 1)) for k, v in received.items()}
+
+    return update
+
+
+def coordinate_update(scale: float = 0.5) -> UpdateFn:
+    """Node i adds ``scale`` to coordinate i of the first array (distinct directions)."""
+
+    def update(pid: int, received: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = {k: v.copy() for k, v in received.items()}
+        first = next(iter(out))
+        out[first].reshape(-1)[pid % out[first].size] += np.float32(scale)
+        return out
+
+    return update
+
+
+def numpy_app(
+    update: UpdateFn,
+    *,
+    min_noise_multiplier: float = 0.0,
+    mod: LocalShuffleDPMod | None = None,
+    with_mod: bool = True,
+    leak: bool = True,
+    extra_mods: list | None = None,
+) -> ClientApp:
+    """A ClientApp whose train step returns ``update(pid, received)``.
+
+    With ``leak`` the training code also returns metrics, a config record and a second metric
+    record that a privacy mod must not let through. The default mod accepts noiseless runs
+    (σ = 0), so that tests can see the clipped updates exactly.
+    """
+    default = LocalShuffleDPMod(min_noise_multiplier=min_noise_multiplier, allow_noiseless=True)
+    mods = [] if not with_mod else [mod or default]
+    app = ClientApp(mods=mods + list(extra_mods or []))
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        received = {k: v.numpy().copy() for k, v in msg.content["arrays"].items()}
+        pid = int(context.node_config["partition-id"])
+        new = update(pid, received)
+        content = {"arrays": ArrayRecord({k: Array(np.asarray(v)) for k, v in new.items()})}
+        if leak:
+            content["metrics"] = MetricRecord({"num-examples": 600, "loss": 0.25, "pid": pid})
+            content["private"] = ConfigRecord({"secret": SECRET})
+        else:
+            content["metrics"] = MetricRecord({"num-examples": 1})
+        return Message(RecordDict(content), reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        return Message(
+            RecordDict({"metrics": MetricRecord({"num-examples": 5, "accuracy": 0.9})}),
+            reply_to=msg,
+        )
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        return Message(RecordDict({"answer": ConfigRecord({"secret": SECRET})}), reply_to=msg)
+
+    return app
+
+
+def model(d: int = 6, shapes: tuple = ((2, 3), (4,))) -> ArrayRecord:
+    """An ArrayRecord of float32 zeros with the given shapes (names a, b, ...)."""
+    names = "abcdefgh"
+    return ArrayRecord(
+        {names[i]: Array(np.zeros(shape, dtype=np.float32)) for i, shape in enumerate(shapes)}
+    )
+
+
+def context(pid: int = 0, n: int = 1, node_config: dict | None = None) -> Context:
+    """A node's Context as Flower's simulation builds it."""
+    config = {"partition-id": pid, "num-partitions": n, **(node_config or {})}
+    return Context(
+        run_id=1, node_id=1001 + pid, node_config=config, state=RecordDict(), run_config={}
+    )
+
+
+def instruction(
+    arrays: ArrayRecord, config: dict, *, node: int = 1001, message_type: str = "train"
+) -> Message:
+    """A server instruction to ``node`` carrying ``arrays`` and ``config``."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 0
+    content = RecordDict({"arrays": arrays, "config": ConfigRecord(dict(config))})
+    message = Message(content, node, message_type)
+    message.metadata.__dict__["_message_id"] = "m-1"
+    return message

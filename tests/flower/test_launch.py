@@ -1,0 +1,191 @@
+"""A real ``flwr run`` (simulation engine, 20 nodes, 3 rounds, loopback) and the MNIST app.
+
+The ``flwr run`` uses ``tests/flower/tiny_app`` (a numpy model, the mod and the strategy of
+this package): Flower's runtime, Ray and the app bundle are all real, but no torch or data
+is loaded in the Ray workers, which keeps the run near 20 s on one core. It is bounded in time
+(60 s for the SuperLink to come up, 120 s for the run, 30 s for the processes to exit) and
+every process started for it (SuperLink, SuperExec, the simulation, Ray) is stopped by its
+process id afterwards; the test fails if one is left. The MNIST app of
+``experiments/flower_mnist`` runs here in-process (its ServerApp and ClientApp objects on an
+:class:`~shuffle_opacus.flower.InProcessGrid`); ``docs/flower.md`` records its ``flwr run``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from shuffle_opacus import history_epsilon  # noqa: E402
+from shuffle_opacus.flower import ROUND_METRIC_KEYS  # noqa: E402
+from shuffle_opacus.flower.launch import (  # noqa: E402
+    LocalFederation,
+    _alive,
+    _marked,
+    toml_overrides,
+)
+
+TINY_APP = Path(__file__).resolve().parent / "tiny_app"
+MNIST_APP = Path(__file__).resolve().parents[2] / "experiments" / "flower_mnist"
+
+
+def test_toml_overrides():
+    text = toml_overrides({"a": 1, "b": 0.5, "c": "x", "d": True, "e": float("inf")})
+    assert text == "a=1 b=0.5 c='x' d=true e=inf"
+    with pytest.raises(ValueError, match="cannot contain a quote"):
+        toml_overrides({"a": "it's"})
+    with pytest.raises(ValueError, match="must be bool, int, float or str"):
+        toml_overrides({"a": [1]})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "text"),
+    [
+        ({"engine": "cloud", "num_nodes": 2}, "engine must be one of simulation, deployment"),
+        ({"engine": "simulation", "num_nodes": 0}, "num_nodes must be an integer >= 1"),
+        (
+            {"engine": "simulation", "num_nodes": 2, "node_config": {"a": 1}},
+            "deployment engine only",
+        ),
+    ],
+)
+def test_bad_arguments(tmp_path, kwargs, text):
+    with pytest.raises(ValueError, match=text):
+        LocalFederation(work_dir=tmp_path, **kwargs)
+
+
+def test_flwr_run_simulation_20_nodes_3_rounds(tmp_path):
+    nodes, rate, sigma = 20, 0.5, 1.0
+    out = tmp_path / "out"
+    out.mkdir()
+    config = {
+        "num-nodes": nodes,
+        "rate": rate,
+        "noise-multiplier": sigma,
+        "num-server-rounds": 3,
+        "checkin-seed": 0,
+        "out-dir": str(out),
+    }
+    started = time.monotonic()
+    federation = LocalFederation("simulation", num_nodes=nodes, work_dir=tmp_path / "flower")
+    with federation:
+        outcome = federation.run(TINY_APP, config, timeout=120)
+        marker_pids = _marked(federation._token)
+    log = outcome.log_path.read_text(errors="replace")
+    assert outcome.completed, f"{outcome.status}\n{log[-3000:]}"
+    assert marker_pids, "no process carried the launcher's marker: the cleanup check is void"
+    # Every process is gone (stop() raises otherwise); check once more from here.
+    assert not [pid for pid in marker_pids if _alive(pid)]
+    assert not [pid for pid in _marked(federation._token) if _alive(pid)]
+    assert f"start-up check: all {nodes} nodes accept the privacy parameters" in log
+    (result_file,) = out.iterdir()
+    record = json.loads(result_file.read_text())
+    rounds = record["rounds"]
+    assert sorted(rounds) == ["1", "2", "3"]
+    for r, metrics in rounds.items():
+        expected = history_epsilon(
+            [(sigma, rate, int(r))], protocol="checkin", delta=1e-5, population=nodes
+        ).epsilon
+        assert metrics["epsilon"] == pytest.approx(expected, rel=1e-12)
+        assert set(metrics) == set(ROUND_METRIC_KEYS)  # the node's own metric never arrives
+        assert 0 <= metrics["num-reports"] == metrics["num-checked-in"] <= nodes
+    assert sum(m["num-reports"] for m in rounds.values()) > 0
+    assert any(w != 0.0 for w in record["weights"])  # the model moved
+    print(
+        f"flwr run: {outcome.seconds:.1f} s, with start and stop {time.monotonic() - started:.1f} s"
+    )
+
+
+def test_mnist_app_in_process(tmp_path, monkeypatch):
+    """The MNIST app's ServerApp and ClientApp, 20 nodes × 4 images, 2 rounds, in-process.
+
+    Checks the run directory the ServerApp writes (``rounds.csv`` with ε equal to
+    ``history_epsilon`` after every round, ``summary.json``) and that the training loss the
+    ClientApp computes never reaches the server.
+    """
+    monkeypatch.syspath_prepend(str(MNIST_APP))
+    for name in [m for m in sys.modules if m.startswith("flower_mnist")]:
+        monkeypatch.delitem(sys.modules, name)
+    tomllib = pytest.importorskip("tomllib")
+    from flower_mnist.client_app import app as client_app
+    from flower_mnist.server_app import app as server_app
+    from flwr.app import Context, RecordDict
+
+    from shuffle_opacus.flower import InProcessGrid
+
+    defaults = tomllib.loads((MNIST_APP / "pyproject.toml").read_text())
+    nodes, rate, sigma = 20, 0.5, 1.0
+    config = {
+        **defaults["tool"]["flwr"]["app"]["config"],
+        "num-nodes": nodes,
+        "examples-per-node": 4,
+        "rate": rate,
+        "noise-multiplier": sigma,
+        "num-server-rounds": 2,
+        "evaluate-every": 1,
+        "test-examples": 100,
+        "checkin-seed": 0,
+        "out-dir": str(tmp_path),
+    }
+    seen = []
+
+    def spy(msg, ctx, call_next):
+        reply = call_next(msg, ctx)
+        seen.append(reply)
+        return reply
+
+    grid = InProcessGrid(client_app, nodes, run_config=config)
+    grid.client_app = _wrap(client_app, spy)
+    server_app(grid, Context(7, 0, {}, RecordDict(), config))
+    run_dir = tmp_path / "run-7"
+    with (run_dir / "rounds.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert [int(r["round"]) for r in rows] == [0, 1, 2]
+    for row in rows[1:]:
+        expected = history_epsilon(
+            [(sigma, rate, int(row["round"]))], protocol="checkin", delta=1e-5, population=nodes
+        ).epsilon
+        assert float(row["epsilon"]) == pytest.approx(expected, rel=1e-12)
+        assert 0.0 <= float(row["test-accuracy"]) <= 1.0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["stop_reason"] is None
+    replies = [r for r in seen if "arrays" in r.content.keys()]
+    assert replies and all("train-loss" not in repr(r.content) for r in replies)
+
+
+def _wrap(app, outer):
+    """A callable ClientApp stand-in: ``outer`` around ``app`` (sees what leaves the node)."""
+
+    def call(msg, ctx):
+        return outer(msg, ctx, app)
+
+    return call
+
+
+def test_documented_run_matches_the_accountant():
+    """The run shown in docs/flower.md: its ε after rounds 1, 70 and 140 are what the package's
+    accountant gives for its configuration now, and its summary is the last row."""
+    figures = Path(__file__).resolve().parents[2] / "docs" / "figures" / "flower"
+    config = json.loads((figures / "run_config.json").read_text())
+    with (figures / "rounds.csv").open() as fh:
+        rows = {int(r["round"]): r for r in csv.DictReader(fh)}
+    summary = json.loads((figures / "summary.json").read_text())
+    last = max(rows)
+    assert summary["rounds"] == last == config["num-server-rounds"]
+    assert summary["epsilon"] == float(rows[last]["epsilon"])
+    assert summary["final_test_accuracy"] == float(rows[last]["test-accuracy"])
+    for r in (1, 70, last):
+        expected = history_epsilon(
+            [(config["noise-multiplier"], config["rate"], r)],
+            protocol="checkin",
+            delta=config["delta"],
+            population=config["num-nodes"],
+            sensitivity=config["sensitivity"],
+        ).epsilon
+        assert float(rows[r]["epsilon"]) == pytest.approx(expected, rel=1e-6)

@@ -1,0 +1,339 @@
+"""The strategy: accounting, budget stop, empty rounds, agreement checks, aggregation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+import opacus.accountants  # noqa: E402, F401  (registration runs before the import below)
+from flwr.app import ArrayRecord, ConfigRecord  # noqa: E402
+
+from shuffle_opacus.accountants import ShuffledCheckInAccountant  # noqa: E402
+from shuffle_opacus.flower import (  # noqa: E402
+    ROUND_METRIC_KEYS,
+    InProcessGrid,
+    LocalShuffleDPMod,
+    ProtocolViolationError,
+    ShuffleCheckInFedAvg,
+    ShufflePrivacyConfig,
+)
+
+from .helpers import coordinate_update, model, numpy_app, shift_update  # noqa: E402
+
+
+def privacy(sigma=1.0, rate=0.3, clip=1.0, **kw) -> ShufflePrivacyConfig:
+    return ShufflePrivacyConfig(
+        noise_multiplier=sigma,
+        clip_norm=clip,
+        rate=rate,
+        delta=1e-5,
+        allow_noiseless=sigma == 0.0,
+        **kw,
+    )
+
+
+def run(strategy, grid, rounds, arrays=None, **kw):
+    return strategy.start(grid, arrays or model(), num_rounds=rounds, **kw)
+
+
+@pytest.mark.parametrize("sensitivity", ["replace-one", "paper"])
+def test_epsilon_equals_the_package_accountant(sensitivity):
+    """ε of every round = the Opacus accountant ``shuffled_checkin`` after as many rounds.
+
+    The accountant is configured with population n = number of nodes and the same
+    sensitivity, and stepped once per round with (noise_multiplier, rate), empty rounds
+    included.
+    """
+    n, cfg = 12, privacy(sigma=1.3, rate=0.25, sensitivity=sensitivity)
+    mod = LocalShuffleDPMod(min_noise_multiplier=1.0, sensitivity=sensitivity)
+    grid = InProcessGrid(numpy_app(shift_update(), mod=mod), n)
+    strategy = ShuffleCheckInFedAvg(privacy=cfg, num_nodes=n, seed=4)
+    result = run(strategy, grid, 6)
+    accountant = ShuffledCheckInAccountant().configure(population=n, sensitivity=sensitivity)
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3, 4, 5, 6]
+    for r in range(1, 7):
+        accountant.step(noise_multiplier=1.3, sample_rate=0.25)
+        metrics = result.train_metrics_clientapp[r]
+        assert set(metrics) == set(ROUND_METRIC_KEYS)
+        assert metrics["epsilon"] == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-12)
+        assert metrics["rounds-accounted"] == r and metrics["num-nodes"] == n
+    assert strategy.epsilon() == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-12)
+    assert strategy.history == accountant.history
+    # ε grows with the rounds.
+    eps = [result.train_metrics_clientapp[r]["epsilon"] for r in range(1, 7)]
+    assert all(a < b for a, b in zip(eps, eps[1:], strict=False))
+
+
+def test_epsilon_of_future_rounds_and_validation():
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(), num_nodes=20)
+    accountant = ShuffledCheckInAccountant().configure(population=20)
+    accountant.history = [(1.0, 0.3, 10)]
+    assert strategy.epsilon() == 0.0
+    assert strategy.epsilon(10) == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-12)
+    with pytest.raises(ValueError, match="rounds must be an integer >= 0"):
+        strategy.epsilon(-1)
+
+
+def test_empty_rounds_are_rounds():
+    """With rate 0.05 and 8 nodes many rounds are empty: accounted, recorded, model unchanged."""
+    n = 8
+    grid = InProcessGrid(numpy_app(shift_update()), n)
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(rate=0.05), num_nodes=n, seed=1)
+    result = run(strategy, grid, 20)
+    metrics = result.train_metrics_clientapp
+    assert sorted(metrics) == list(range(1, 21))
+    empty = [r for r in metrics if metrics[r]["num-reports"] == 0]
+    assert empty and len(empty) < 20
+    # The start-up check reaches every node; then nothing is sent in an empty round.
+    assert sorted(grid.deliveries[0]) == sorted(grid.contexts)
+    assert len(grid.deliveries) == 1 + 20 - len(empty)
+    assert strategy.rounds_accounted == 20
+    accountant = ShuffledCheckInAccountant().configure(population=n)
+    accountant.history = [(1.0, 0.05, 20)]
+    assert metrics[20]["epsilon"] == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-12)
+
+
+def test_all_rounds_empty_keeps_the_initial_model():
+    grid = InProcessGrid(numpy_app(shift_update()), 2)
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(rate=1e-9), num_nodes=2, seed=0)
+    initial = model()
+    result = run(strategy, grid, 3, arrays=initial)
+    assert result.arrays is initial
+    assert [m["num-reports"] for m in result.train_metrics_clientapp.values()] == [0, 0, 0]
+
+
+def test_budget_stop_fires_before_the_round_that_would_exceed_it():
+    n, cfg = 10, privacy(sigma=2.0, rate=0.5)
+    probe = ShuffleCheckInFedAvg(privacy=cfg, num_nodes=n)
+    eps3, eps4 = probe.epsilon(3), probe.epsilon(4)
+    budget = (eps3 + eps4) / 2
+    grid = InProcessGrid(numpy_app(shift_update()), n)
+    strategy = ShuffleCheckInFedAvg(privacy=cfg, num_nodes=n, max_epsilon=budget, seed=3)
+    result = run(strategy, grid, 10)
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
+    assert strategy.rounds_accounted == 3
+    assert result.train_metrics_clientapp[3]["epsilon"] == pytest.approx(eps3, rel=1e-12)
+    assert strategy.epsilon() <= budget
+    assert strategy.stop_reason.startswith("stopped before round 4")
+    # Exactly at the budget the round runs.
+    exact = ShuffleCheckInFedAvg(privacy=cfg, num_nodes=n, max_epsilon=eps4, seed=3)
+    run(exact, InProcessGrid(numpy_app(shift_update()), n), 10)
+    assert exact.rounds_accounted == 4
+
+
+def test_budget_below_one_round_runs_nothing():
+    cfg = privacy(sigma=0.5)
+    grid = InProcessGrid(numpy_app(shift_update()), 5)
+    strategy = ShuffleCheckInFedAvg(privacy=cfg, num_nodes=5, max_epsilon=1e-3)
+    evaluations = []
+    result = run(strategy, grid, 5, evaluate_fn=lambda r, a: evaluations.append(r))
+    assert result.train_metrics_clientapp == {} and grid.deliveries == []
+    assert strategy.rounds_accounted == 0 and evaluations == [0]
+    # configure_train called directly after the stop sends nothing and accounts nothing.
+    assert strategy.configure_train(1, model(), ConfigRecord(), grid) == []
+    assert strategy.aggregate_train(1, []) == (None, None)
+
+
+def test_noiseless_rounds_have_infinite_epsilon():
+    grid = InProcessGrid(numpy_app(shift_update()), 4)
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(sigma=0.0, rate=1.0), num_nodes=4)
+    result = run(strategy, grid, 2)
+    assert math.isinf(result.train_metrics_clientapp[1]["epsilon"])
+    budgeted = ShuffleCheckInFedAvg(
+        privacy=privacy(sigma=0.0, rate=1.0), num_nodes=4, max_epsilon=100.0
+    )
+    assert run(budgeted, grid, 2).train_metrics_clientapp == {}
+
+
+def test_aggregate_is_the_mean_of_clipped_updates():
+    """σ = 0: the new model = received + mean over participants of clip_C(update) (numpy oracle)."""
+    n, clip = 6, 0.4
+    update = coordinate_update(scale=0.3)
+    big = shift_update(scale=2.0)
+
+    def mixed(pid, received):  # some updates clipped, some not
+        return update(pid, received) if pid % 2 else big(pid, received)
+
+    grid = InProcessGrid(numpy_app(mixed), n)
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(sigma=0.0, rate=0.6, clip=clip), num_nodes=n)
+    initial = model()
+    result = run(strategy, grid, 1, arrays=initial)
+    participants = [node - 1001 for node in grid.deliveries[1]]  # [0]: start-up check
+    assert participants, "seedless draw gave an empty round; rate 0.6 makes this 4e-3 likely"
+    base = {k: v.numpy().astype(np.float64) for k, v in initial.items()}
+    clipped = []
+    for pid in participants:
+        new = mixed(pid, {k: v.astype(np.float32) for k, v in base.items()})
+        u = np.concatenate([(new[k] - base[k]).ravel() for k in base])
+        clipped.append(u * min(1.0, clip / np.linalg.norm(u)))
+    expected = base_flat(base) + np.mean(clipped, axis=0)
+    got = np.concatenate([result.arrays[k].numpy().ravel() for k in base])
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
+def base_flat(base):
+    return np.concatenate([v.ravel() for v in base.values()])
+
+
+def test_a_client_without_the_mod_stops_the_run_at_start_up():
+    grid = InProcessGrid(numpy_app(shift_update(), with_mod=False), 5)
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(rate=1.0), num_nodes=5)
+    with pytest.raises(ProtocolViolationError, match="LocalShuffleDPMod the first mod") as info:
+        run(strategy, grid, 1)
+    assert str(info.value).startswith("start-up check") and "\n" not in str(info.value)
+    assert strategy.rounds_accounted == 0 and len(grid.deliveries) == 1
+
+
+def test_a_client_without_the_mod_stops_the_round_without_the_check():
+    grid = InProcessGrid(numpy_app(shift_update(), with_mod=False), 5)
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(rate=1.0), num_nodes=5, verify_nodes=False)
+    with pytest.raises(ProtocolViolationError, match="LocalShuffleDPMod the first mod") as info:
+        run(strategy, grid, 1)
+    assert str(info.value).startswith("round 1")
+
+
+def test_start_up_check_rejects_every_mismatch_before_any_round():
+    """Floor, sensitivity convention and noiseless run: one line, no round run or accounted."""
+    cases = [
+        (LocalShuffleDPMod(min_noise_multiplier=1.5), privacy(sigma=1.0), "floor 1.5"),
+        (
+            LocalShuffleDPMod(min_noise_multiplier=0.5, sensitivity="paper"),
+            privacy(sigma=1.0),
+            "differs from this node's convention 1.0",
+        ),
+        (
+            LocalShuffleDPMod(min_noise_multiplier=0.0),
+            privacy(sigma=0.0),
+            "noise_multiplier must be a finite number > 0",
+        ),
+    ]
+    for mod, cfg, text in cases:
+        calls = []
+
+        def update(pid, received, calls=calls):
+            calls.append(pid)
+            return received
+
+        grid = InProcessGrid(numpy_app(update, mod=mod), 4)
+        strategy = ShuffleCheckInFedAvg(privacy=cfg, num_nodes=4, seed=0)
+        with pytest.raises(ProtocolViolationError, match=text) as info:
+            run(strategy, grid, 3)
+        assert "\n" not in str(info.value) and "no round was run" in str(info.value)
+        assert strategy.rounds_accounted == 0 and strategy.round_metrics == {}
+        assert calls == [] and len(grid.deliveries) == 1
+
+
+def test_a_mod_applying_other_parameters_stops_the_run():
+    """A reply echoing another σ (e.g. an old mod) is refused before aggregation."""
+
+    def forged(msg, ctx, call_next):
+        reply = call_next(msg, ctx)
+        reply.content["metrics"]["shuffle-dp.noise-multiplier"] = 0.5
+        return reply
+
+    mod = LocalShuffleDPMod(min_noise_multiplier=0.0)
+    app = numpy_app(shift_update(), with_mod=False, leak=False, extra_mods=[forged, mod])
+    grid = InProcessGrid(app, 5)
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(rate=1.0), num_nodes=5)
+    with pytest.raises(ProtocolViolationError, match="noise-multiplier = 0.5, expected 1.0"):
+        run(strategy, grid, 1)
+    unchecked = ShuffleCheckInFedAvg(privacy=privacy(rate=1.0), num_nodes=5, verify_nodes=False)
+    with pytest.raises(ProtocolViolationError, match="round 1: .*noise-multiplier = 0.5"):
+        run(unchecked, grid, 1)
+
+
+def test_refusals_are_dropouts():
+    app = numpy_app(shift_update(), mod=LocalShuffleDPMod(min_noise_multiplier=2.0))
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(rate=1.0), num_nodes=3)
+    with pytest.raises(ProtocolViolationError, match="below this node's floor 2.0"):
+        run(strategy, InProcessGrid(app, 3), 1)
+    tolerant = ShuffleCheckInFedAvg(
+        privacy=privacy(rate=1.0), num_nodes=3, tolerate_dropouts=True, verify_nodes=False
+    )
+    result = run(tolerant, InProcessGrid(app, 3), 2)
+    assert [m["num-dropped"] for m in result.train_metrics_clientapp.values()] == [3, 3]
+
+
+def test_population_must_match():
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(), num_nodes=3)
+    with pytest.raises(ProtocolViolationError, match="4 nodes are connected but num_nodes = 3"):
+        run(strategy, InProcessGrid(numpy_app(shift_update()), 4), 1)
+    waiting = ShuffleCheckInFedAvg(privacy=privacy(), num_nodes=5, node_wait_timeout=0.01)
+    with pytest.raises(ProtocolViolationError, match="only 4 of num_nodes = 5"):
+        run(waiting, InProcessGrid(numpy_app(shift_update()), 4), 1)
+
+
+def test_train_config_cannot_override_the_privacy_parameters():
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(), num_nodes=3)
+    grid = InProcessGrid(numpy_app(shift_update()), 3)
+    with pytest.raises(ValueError, match=r"train_config must not set \['shuffle-dp.clip-norm'\]"):
+        run(strategy, grid, 1, train_config=ConfigRecord({"shuffle-dp.clip-norm": 9.0}))
+    assert strategy.rounds_accounted == 0 and grid.deliveries == []
+
+
+def test_extra_train_config_reaches_the_clients():
+    seen = []
+
+    def spy(msg, ctx, call_next):
+        seen.append(dict(msg.content["config"]))
+        return call_next(msg, ctx)
+
+    mod = LocalShuffleDPMod(min_noise_multiplier=0.0)
+    app = numpy_app(shift_update(), with_mod=False, extra_mods=[mod, spy])
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(rate=1.0), num_nodes=2)
+    run(strategy, InProcessGrid(app, 2), 1, train_config=ConfigRecord({"lr": 0.5}))
+    # The start-up check never gets past the mod: only round 1 reaches the training code.
+    assert len(seen) == 2 and all(c["lr"] == 0.5 and c["server-round"] == 1 for c in seen)
+    assert all(c["shuffle-dp.rate"] == 1.0 and "shuffle-dp.handshake" not in c for c in seen)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "text"),
+    [
+        ({"num_nodes": 0}, "num_nodes must be an integer >= 1"),
+        ({"num_nodes": 5, "max_epsilon": 0.0}, "max_epsilon must be a finite number > 0"),
+        ({"num_nodes": 5, "seed": -2}, "seed must be an integer >= 0"),
+        ({"num_nodes": 5, "node_wait_timeout": -1}, "node_wait_timeout must be"),
+        ({"num_nodes": 5, "tolerate_dropouts": "yes"}, "tolerate_dropouts must be True"),
+        ({"num_nodes": 5, "verify_nodes": 1}, "verify_nodes must be True"),
+        ({"num_nodes": 5, "privacy": {"rate": 0.1}}, "privacy must be a ShufflePrivacyConfig"),
+    ],
+)
+def test_bad_arguments(kwargs, text):
+    kwargs = {"privacy": privacy(), **kwargs}
+    with pytest.raises(ValueError, match=text) as info:
+        ShuffleCheckInFedAvg(**kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_start_validates_before_any_round():
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(), num_nodes=2)
+    grid = InProcessGrid(numpy_app(shift_update()), 2)
+    with pytest.raises(ValueError, match="num_rounds must be an integer >= 1"):
+        run(strategy, grid, 0)
+    with pytest.raises(ValueError, match="evaluate_config must be empty"):
+        run(strategy, grid, 1, evaluate_config=ConfigRecord({"a": 1}))
+    assert strategy.rounds_accounted == 0
+
+
+def test_no_client_side_evaluation():
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(), num_nodes=2)
+    grid = InProcessGrid(numpy_app(shift_update()), 2)
+    assert strategy.configure_evaluate(1, model(), ConfigRecord(), grid) == []
+    assert strategy.aggregate_evaluate(1, []) is None
+
+
+def test_server_evaluation_every_round():
+    grid = InProcessGrid(numpy_app(shift_update()), 3)
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(rate=1.0), num_nodes=3, seed=0)
+    from flwr.app import MetricRecord
+
+    def evaluate(r: int, arrays: ArrayRecord):
+        return MetricRecord({"mean": float(arrays["a"].numpy().mean())}) if r % 2 == 0 else None
+
+    result = run(strategy, grid, 4, evaluate_fn=evaluate)
+    assert sorted(result.evaluate_metrics_serverapp) == [0, 2, 4]

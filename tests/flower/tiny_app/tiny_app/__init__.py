@@ -1,0 +1,1 @@
+"""The smallest Flower app under the shuffled check-in protocol, for the test suite."""

@@ -1,0 +1,21 @@
+"""ClientApp: node i moves every weight by (i + 1) / 10; the mod clips and noises the update."""
+
+from __future__ import annotations
+
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from shuffle_opacus.flower import LocalShuffleDPMod
+
+app = ClientApp(mods=[LocalShuffleDPMod(min_noise_multiplier=0.5)])
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Return the received weights shifted by the node's own amount (and a metric to strip)."""
+    shift = (int(context.node_config["partition-id"]) + 1) / 10
+    arrays = ArrayRecord(
+        {name: Array(a.numpy() + shift) for name, a in msg.content["arrays"].items()}
+    )
+    metrics = MetricRecord({"num-examples": 600, "private-loss": shift})
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
