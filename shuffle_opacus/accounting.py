@@ -13,11 +13,19 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .analysis._validation import check_delta, check_int, check_positive
-from .analysis.mechanisms import rounds_epsilon
-from .analysis.rdp.conversion import EpsilonResult, OrderCapWarning
+from .analysis.limits import (
+    API_MAX_SECONDS,
+    WorkLimitError,
+    check_calibrate_budget,
+    report_progress,
+    work_budget,
+)
+from .analysis.mechanisms import get_mechanism, rounds_epsilon
+from .analysis.rdp.conversion import DEFAULT_ORDER_LIMIT, EpsilonResult, OrderCapWarning
+from .analysis.results import conversion_term
 from .protocols import HistoryEntry, Protocol, analysis_sigma, get_protocol, resolve_sensitivity
 
 __all__ = ["history_epsilon", "calibrate_noise_multiplier"]
@@ -98,6 +106,7 @@ def calibrate_noise_multiplier(
     method: str | None = None,
     rel_tol: float = 1e-3,
     max_noise_multiplier: float = 1e4,
+    max_seconds: float | None = API_MAX_SECONDS,
 ) -> float:
     """Smallest local noise multiplier (to ``rel_tol``) whose epsilon after ``rounds`` is <= target.
 
@@ -117,13 +126,20 @@ def calibrate_noise_multiplier(
         method: A method of the protocol's analysis; the tightest by default.
         rel_tol: Relative width of the final bracket (in ``(0, 1)``).
         max_noise_multiplier: Largest noise multiplier tried before giving up.
+        max_seconds: Work budget in estimated seconds
+            (:data:`~shuffle_opacus.analysis.limits.API_MAX_SECONDS` by default): the request
+            is refused up front when its estimate exceeds it, and each Rényi order range is
+            charged to it as it starts. ``None`` turns the budget off.
 
     Returns:
         The local noise multiplier (noise std of one client divided by the clipping norm).
 
     Raises:
-        ValueError: on invalid arguments, or when even ``max_noise_multiplier`` does not reach
-            the target.
+        ValueError: on invalid arguments, when even ``max_noise_multiplier`` does not reach
+            the target, when the target lies below the floor of Lemma 2 (Rényi-DP methods;
+            see :func:`~shuffle_opacus.analysis.results.conversion_term`), or for a request
+            over the work budget (:class:`~shuffle_opacus.analysis.limits.WorkLimitError`,
+            naming ``population`` or ``rounds`` and its largest acceptable value).
     """
     target_epsilon = check_positive("target_epsilon", target_epsilon)
     delta = check_delta(delta)
@@ -137,8 +153,36 @@ def calibrate_noise_multiplier(
     if rel_tol >= 1.0:
         raise ValueError(f"rel_tol must be in (0, 1). Found {rel_tol!r}.")
     max_noise_multiplier = check_positive("max_noise_multiplier", max_noise_multiplier)
+    if get_mechanism(record.mechanism).method(method).kind != "pld":
+        floor = min(conversion_term(order, delta) for order in range(2, DEFAULT_ORDER_LIMIT + 1))
+        if target_epsilon < floor:
+            # Every epsilon of Lemma 2 is at least its own term; no noise can reach the target.
+            raise ValueError(
+                f"target_epsilon must be >= {floor:.6g}: a smaller target is not reached with "
+                f"noise_multiplier of any size (Lemma 2 gives no smaller epsilon at "
+                f"delta={delta:g} with orders up to {DEFAULT_ORDER_LIMIT}; method pld has no "
+                f"such floor). Found {target_epsilon!r}."
+            )
+    if max_seconds is not None:
+        try:
+            check_calibrate_budget(
+                mechanism=record.mechanism,
+                method=method,
+                n=population,
+                m=sample_size,
+                rate=sample_rate,
+                rounds=rounds,
+                budget=float(max_seconds),
+            )
+        except WorkLimitError as exc:
+            # The parameter is ``population`` here (``n`` in the estimate's message).
+            text = str(exc)
+            raise WorkLimitError(
+                "population" + text[1:] if text.startswith("n ") else text
+            ) from None
 
     def eps(noise_multiplier: float) -> float:
+        report_progress(f"noise multiplier {noise_multiplier:.6g}")
         with warnings.catch_warnings():
             # An optimum at the order cap still gives a valid (looser) upper bound.
             warnings.simplefilter("ignore", OrderCapWarning)
@@ -151,6 +195,36 @@ def calibrate_noise_multiplier(
                 method=method,
             ).epsilon
 
+    with work_budget(max_seconds):
+        return _bisect(
+            eps,
+            target_epsilon=target_epsilon,
+            rel_tol=rel_tol,
+            max_noise_multiplier=max_noise_multiplier,
+        )
+
+
+def _bisect(
+    eps: Callable[[float], float],
+    *,
+    target_epsilon: float,
+    rel_tol: float,
+    max_noise_multiplier: float,
+) -> float:
+    """Bisection on ``log(noise_multiplier)`` (see :func:`calibrate_noise_multiplier`).
+
+    Args:
+        eps: Epsilon as a function of the noise multiplier.
+        target_epsilon: The target (> 0).
+        rel_tol: Relative width of the final bracket.
+        max_noise_multiplier: Largest noise multiplier tried.
+
+    Returns:
+        The smallest noise multiplier found with ``eps <= target_epsilon``.
+
+    Raises:
+        ValueError: when even ``max_noise_multiplier`` does not reach the target.
+    """
     high = 1.0
     while eps(high) > target_epsilon:
         if high >= max_noise_multiplier:

@@ -6,22 +6,37 @@ mechanism of :data:`shuffle_opacus.analysis.CATALOGUE`; ``shuffle-opacus calibra
 imports torch, so they start quickly. Errors are reported on one line (``shuffle-opacus: error:
 ...``) with exit status 2. The MNIST experiment has its own command, ``shuffle-experiment``,
 in the separate ``experiments`` project.
+
+Every request is costed before it starts (:mod:`shuffle_opacus.analysis.limits`): one estimated
+above :data:`~shuffle_opacus.analysis.limits.CLI_MAX_SECONDS` is refused with the argument to
+lower and its largest acceptable value. Work that takes longer than a moment shows a progress
+bar on standard error when standard error is a terminal; standard output is the same either
+way.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
+import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from . import render
 from .accounting import calibrate_noise_multiplier, history_epsilon
-from .analysis._validation import check_delta, check_positive, check_probability
+from .analysis._validation import (
+    SIGMA_RANGE,
+    check_delta,
+    check_positive,
+    check_probability,
+    check_sigma,
+)
 from .analysis.catalogue import CATALOGUE, PARAMETERS, account
+from .analysis.limits import CLI_MAX_SECONDS, observe
 from .analysis.pld.krr import KRR_ADVERSARIES
 from .analysis.rdp.conversion import OrderCapWarning
 from .protocols import PROTOCOL_NAMES, SENSITIVITIES, get_protocol, resolve_sensitivity
@@ -125,7 +140,11 @@ def _add_account(sub: argparse._SubParsersAction) -> None:
     )
     acc.add_argument("mechanism", choices=tuple(CATALOGUE), help="mechanism to account")
     acc.add_argument("--n", type=_int_arg("--n"), help="number of users (integer >= 1)")
-    acc.add_argument("--sigma", type=_float_arg("--sigma", check_positive), help="sigma > 0")
+    acc.add_argument(
+        "--sigma",
+        type=_float_arg("--sigma", lambda label, v: check_sigma(v, label)),
+        help="sigma > 0 (1e-150 to 1e150)",
+    )
     acc.add_argument(
         "--eps0",
         type=_float_arg("--eps0", check_positive),
@@ -210,9 +229,51 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
 def _flag_error(message: str) -> str:
     """Name a parameter by its flag (``m must ...`` becomes ``--m must ...``)."""
     head, _, rest = message.partition(" ")
-    if head in PARAMETERS or head in ("max_order", "steps", "delta"):
+    if head in ("population", "target_epsilon"):
+        return f"{'--n' if head == 'population' else '--epsilon'} {rest}"
+    if head in PARAMETERS or head in ("max_order", "steps", "delta", "rounds"):
         return f"--{head.replace('_', '-')} {rest}"
     return message
+
+
+@contextlib.contextmanager
+def _progress(label: str) -> Iterator[None]:
+    """Show a progress bar on standard error while the block runs, when it is a terminal.
+
+    The bar counts the stages the maths layer reports (Rényi order ranges, calibration steps;
+    :func:`~shuffle_opacus.analysis.limits.report_progress`) and shows the elapsed time; it
+    appears only after half a second and is erased at the end. Nothing is written when standard
+    error is not a terminal.
+
+    Args:
+        label: What the bar describes (the subcommand).
+    """
+    isatty = getattr(sys.stderr, "isatty", None)
+    if not (callable(isatty) and isatty()):
+        yield
+        return
+    from tqdm import tqdm  # imported here: the commands without a terminal never need it
+
+    bar = tqdm(desc=f"{PROG} {label}", unit=" stage", file=sys.stderr, delay=0.5, leave=False)
+    done = threading.Event()
+
+    def tick() -> None:  # refresh the elapsed time while a long stage runs
+        while not done.wait(0.5):
+            bar.refresh()
+
+    def stage(text: str) -> None:
+        bar.set_postfix_str(text, refresh=False)
+        bar.update(1)
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        with observe(stage):
+            yield
+    finally:
+        done.set()
+        ticker.join()
+        bar.close()
 
 
 def _account(args: argparse.Namespace) -> int:
@@ -235,14 +296,16 @@ def _account(args: argparse.Namespace) -> int:
         # An optimum at the order cap is reported below, from the records themselves.
         warnings.simplefilter("ignore", OrderCapWarning)
         try:
-            results = account(
-                entry.name,
-                given,
-                steps=args.steps,
-                delta=args.delta,
-                method=args.method,
-                max_order=args.max_order,
-            )
+            with _progress(f"account {entry.name}"):
+                results = account(
+                    entry.name,
+                    given,
+                    steps=args.steps,
+                    delta=args.delta,
+                    method=args.method,
+                    max_order=args.max_order,
+                    max_seconds=CLI_MAX_SECONDS,
+                )
         except ValueError as exc:
             raise CliError(_flag_error(str(exc))) from None
     print(render.json_lines(results) if args.json else render.table(results), flush=True)
@@ -268,15 +331,27 @@ def _calibrate(args: argparse.Namespace) -> int:
     rate = protocol.sample_rate(population=args.n, rate=args.rate, sample_size=args.m)
     method = protocol.check_method(args.method)
     setting = {"population": args.n, "sensitivity": args.sensitivity, "method": method}
-    sigma = calibrate_noise_multiplier(
-        target_epsilon=args.epsilon,
-        delta=args.delta,
-        rounds=args.rounds,
-        protocol=protocol,
-        rate=args.rate,
-        sample_size=args.m,
-        **setting,
-    )
+    try:
+        with _progress(f"calibrate {protocol.name}"):
+            sigma = calibrate_noise_multiplier(
+                target_epsilon=args.epsilon,
+                delta=args.delta,
+                rounds=args.rounds,
+                protocol=protocol,
+                rate=args.rate,
+                sample_size=args.m,
+                max_seconds=CLI_MAX_SECONDS,
+                **setting,
+            )
+    except ValueError as exc:
+        text = str(exc)
+        if text.startswith("sigma "):  # the analysis sigma, noise multiplier / sensitivity
+            low, high = SIGMA_RANGE
+            text = (
+                f"--sensitivity {args.sensitivity:g} puts the analysis sigma (noise multiplier "
+                f"/ sensitivity) outside [{low:g}, {high:g}]."
+            )
+        raise CliError(_flag_error(text)) from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OrderCapWarning)
         res = history_epsilon(

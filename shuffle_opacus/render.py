@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .analysis.results import AccountingResult
+from .analysis.results import CONVERSION_SHARE, NO_PRIVACY_EPSILON, AccountingResult
 
 __all__ = ["table", "json_lines", "grid", "fmt", "calibration_text"]
 
@@ -42,13 +42,43 @@ def _epsilon_cell(result: AccountingResult) -> str:
     return f"n/a ({result.note})" if result.note else "inf"
 
 
+#: The note-column marker of each regime other than ``normal``, and its footnote.
+REGIME_NOTES: dict[str, tuple[str, str]] = {
+    "conversion-floor": (
+        "[conversion floor]",
+        "[conversion floor]: at least {share:.0%} of epsilon is Lemma 2's own term at that "
+        "order, (log(1/delta) + (l-1) log(1-1/l) - log l)/(l-1); the mechanism may be far more "
+        "private than epsilon says",
+    ),
+    "order-cap": (
+        "[order cap]",
+        "[order cap]: the optimal Rényi order is the largest evaluated; a larger --max-order may "
+        "give a smaller epsilon",
+    ),
+    "no-privacy": (
+        "[no privacy]",
+        "[no privacy]: epsilon > {threshold:g} allows a change of odds by more than e^{threshold:g}"
+        " (a valid bound, but effectively no privacy guarantee)",
+    ),
+}
+
+
+def _note_cell(result: AccountingResult) -> str:
+    parts = [REGIME_NOTES[result.regime][0]] if result.regime in REGIME_NOTES else []
+    if result.note and result.finite:
+        parts.append(result.note)
+    return "; ".join(parts)
+
+
 def table(results: Sequence[AccountingResult]) -> str:
     """Lay out result records as a table.
 
     Columns: mechanism, method, the parameters (in the order they first appear), steps, delta,
     epsilon, the Rényi order for Rényi-DP results (``(cap)`` when it sits at the order cap) and
-    a note column when a finite result carries a note. Footer lines state, for each distinct
-    kind of result, the neighbouring relation, the unit of privacy and the accounting.
+    a note column when a finite result carries a note or an edge regime (a marker of
+    :data:`REGIME_NOTES`, see :attr:`~shuffle_opacus.analysis.AccountingResult.regime`).
+    Footer lines state, for each distinct kind of result, the neighbouring relation, the unit of
+    privacy and the accounting; a line above them explains each marker used.
 
     Args:
         results: At least one record.
@@ -65,7 +95,7 @@ def table(results: Sequence[AccountingResult]) -> str:
     for r in results:
         names.extend(k for k in r.parameters if k not in names)
     rdp = any(r.kind == "rdp" for r in results)
-    notes = any(r.note and r.finite for r in results)
+    notes = any(_note_cell(r) for r in results)
     headers = ["mechanism", "method", *names, "steps", "delta", "epsilon"]
     headers += ["order"] * rdp + ["note"] * notes
     body = []
@@ -75,7 +105,7 @@ def table(results: Sequence[AccountingResult]) -> str:
         if rdp:
             row.append("-" if r.order is None else f"{r.order}{' (cap)' if r.at_cap else ''}")
         if notes:
-            row.append(r.note if r.note and r.finite else "")
+            row.append(_note_cell(r))
         body.append(row)
     footers: list[str] = []
     for r in results:
@@ -84,7 +114,12 @@ def table(results: Sequence[AccountingResult]) -> str:
             line += f"; left-out mass (budget {r.extra['tail']:.3g} per round) added to delta"
         if line not in footers:
             footers.append(line)
-    return "\n".join([grid(headers, body), *footers])
+    marks = [
+        footnote.format(share=CONVERSION_SHARE, threshold=NO_PRIVACY_EPSILON)
+        for regime, (_, footnote) in REGIME_NOTES.items()
+        if any(r.regime == regime for r in results)
+    ]
+    return "\n".join([grid(headers, body), *marks, *footers])
 
 
 def _plain(value: Any) -> Any:

@@ -11,17 +11,33 @@ import numbers
 
 import numpy as np
 
+from .limits import MAX_ORDER
+
 __all__ = [
+    "MAX_INT",
     "check_int",
     "check_positive",
+    "check_sigma",
+    "SIGMA_RANGE",
     "check_probability",
     "check_delta",
     "check_orders",
 ]
 
 
+MAX_INT = 1 << 62
+"""Largest count (users, rounds, domain size) accepted: the series and enumerations use int64
+arithmetic. Other integers (seeds) are not capped."""
+
+COUNT_NAMES = frozenset({"n", "m", "k", "steps", "rounds", "population", "sample_size"})
+"""Parameters :func:`check_int` caps at :data:`MAX_INT` when no ``maximum`` is given."""
+
+
 def check_int(name: str, value: object, *, minimum: int = 1, maximum: int | None = None) -> int:
     """Return ``value`` as ``int`` if it is an integer in ``[minimum, maximum]``.
+
+    ``maximum`` defaults to :data:`MAX_INT` for the counts of :data:`COUNT_NAMES` and to no
+    bound otherwise.
 
     Raises:
         ValueError: if ``value`` is not an integer (bools and non-integral floats included) or
@@ -32,8 +48,10 @@ def check_int(name: str, value: object, *, minimum: int = 1, maximum: int | None
     if isinstance(value, (float, np.floating)) and not float(value).is_integer():
         raise ValueError(f"{name} must be an integer >= {minimum}. Found {value!r}.")
     ivalue = int(value)
-    if ivalue < minimum or (maximum is not None and ivalue > maximum):
-        allowed = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+    top = MAX_INT if maximum is None and name in COUNT_NAMES else maximum
+    if ivalue < minimum or (top is not None and ivalue > top):
+        shown = maximum is not None or (top is not None and ivalue > top)
+        allowed = f"in [{minimum}, {top}]" if shown else f">= {minimum}"
         raise ValueError(f"{name} must be an integer {allowed}. Found {value!r}.")
     return ivalue
 
@@ -50,6 +68,28 @@ def check_positive(name: str, value: object) -> float:
         raise ValueError(f"{name} must be a finite number > 0. Found {value!r}.") from None
     if not math.isfinite(fvalue) or fvalue <= 0.0:
         raise ValueError(f"{name} must be a finite number > 0. Found {value!r}.")
+    return fvalue
+
+
+SIGMA_RANGE = (1e-150, 1e150)
+"""Noise ratios the Gaussian analyses accept: their squares and inverse squares stay finite
+floats. Outside it epsilon is 0 or unbounded to every printed digit anyway."""
+
+
+def check_sigma(value: object, name: str = "sigma") -> float:
+    """Return a noise ratio as ``float`` if it is a number in :data:`SIGMA_RANGE`.
+
+    Raises:
+        ValueError: otherwise, naming the range.
+    """
+    low, high = SIGMA_RANGE
+    message = f"{name} must be a finite number > 0 in [{low:g}, {high:g}]. Found {value!r}."
+    try:
+        fvalue = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(message) from None
+    if not (low <= fvalue <= high):
+        raise ValueError(message)
     return fvalue
 
 
@@ -97,14 +137,21 @@ def check_delta(value: object, name: str = "delta") -> float:
 
 
 def check_orders(orders: object) -> np.ndarray:
-    """Return ``orders`` as a sorted, duplicate-free int64 array of integers ``>= 2``.
+    """Return ``orders`` as a sorted, duplicate-free int64 array of integers in ``[2, MAX_ORDER]``.
 
     Raises:
-        ValueError: if it is empty or holds a non-integer or a value below 2.
+        ValueError: if it is empty or holds a non-integer or a value outside that range
+            (:data:`~shuffle_opacus.analysis.limits.MAX_ORDER` bounds the work of every
+            Rényi-DP function).
     """
     arr = np.atleast_1d(np.asarray(orders, dtype=float))
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"orders must be a non-empty list of integers >= 2. Found {orders!r}.")
     if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)) or np.any(arr < 2):
         raise ValueError(f"orders must be integers >= 2. Found {orders!r}.")
+    if np.any(arr > MAX_ORDER):
+        raise ValueError(
+            f"orders must be integers in [2, {MAX_ORDER}] (the work grows as the square of the "
+            f"largest order). Found {int(arr.max())}."
+        )
     return np.unique(arr.astype(np.int64))

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ._validation import check_delta, check_int
+from ._validation import check_delta, check_int, check_positive, check_probability, check_sigma
 from .approximate.baselines import clones_results
 from .approximate.clones import CLONES_METHODS
+from .limits import API_MAX_SECONDS, MAX_ORDER, check_budget, work_budget
 from .mechanisms import MECHANISM_TABLE, Mechanism, compute_epsilon
 from .pld.krr import KRR_ADVERSARIES, krr_results
 from .pld.ldp import ldp_shuffle_results
@@ -130,6 +131,25 @@ CATALOGUE: dict[str, CatalogueEntry] = {
 """Every mechanism of the ``account`` command."""
 
 
+def _checked(given: Mapping[str, object]) -> dict[str, object]:
+    """Validate the parameters as the mechanisms do, for the cost estimate."""
+    out: dict[str, object] = dict(given)
+    if "n" in given:
+        out["n"] = check_int("n", given["n"], minimum=1)
+    if "m" in given:
+        out["m"] = check_int("m", given["m"], minimum=1, maximum=out.get("n"))  # type: ignore[arg-type]
+    if "k" in given:
+        out["k"] = check_int("k", given["k"], minimum=2)
+    if "sigma" in given:
+        out["sigma"] = check_sigma(given["sigma"])
+    if "eps0" in given:
+        out["eps0"] = check_positive("eps0", given["eps0"])
+    for name in ("rate", "gamma"):
+        if name in given:
+            out[name] = check_probability(name, given[name])
+    return out
+
+
 def account(
     mechanism: str,
     parameters: Mapping[str, object],
@@ -138,8 +158,14 @@ def account(
     delta: float,
     method: str | None = None,
     max_order: int | None = None,
+    max_seconds: float | None = API_MAX_SECONDS,
 ) -> list[AccountingResult]:
     """Epsilon of ``mechanism`` after each round count in ``steps``.
+
+    The cost of the request is estimated before any work (:mod:`.limits`, from measured unit
+    timings); a request estimated above ``max_seconds`` is refused with a message naming the
+    parameter to lower and its largest acceptable value. The automatic growth of the Rényi
+    order range charges each stage to the same budget before computing it.
 
     Args:
         mechanism: A key of :data:`CATALOGUE`.
@@ -148,14 +174,19 @@ def account(
         steps: Round counts (integers >= 1), one result each.
         delta: Target delta in ``(0, 1)``.
         method: One of the entry's methods (the default when ``None``).
-        max_order: Cap on the Rényi order (Rényi-DP mechanisms only).
+        max_order: Cap on the Rényi order (Rényi-DP mechanisms only), at most
+            :data:`~shuffle_opacus.analysis.limits.MAX_ORDER`.
+        max_seconds: Work budget in estimated seconds (:data:`.limits.API_MAX_SECONDS` by
+            default, :data:`.limits.CLI_MAX_SECONDS` for the command line); ``None`` turns the
+            budget off (the order cap still applies).
 
     Returns:
         One :class:`~shuffle_opacus.analysis.AccountingResult` per count, in order.
 
     Raises:
-        ValueError: for an unknown mechanism or method, a missing or extraneous parameter, or
-            an out-of-range value.
+        ValueError: for an unknown mechanism or method, a missing or extraneous parameter, an
+            out-of-range value, or a request over the work budget
+            (:class:`~.limits.WorkLimitError`).
     """
     if mechanism not in CATALOGUE:
         raise ValueError(f"mechanism must be one of {', '.join(CATALOGUE)}. Found {mechanism!r}.")
@@ -179,9 +210,19 @@ def account(
     if max_order is not None:
         if not entry.orders:
             raise ValueError(f"max_order is not a parameter of the {mechanism} mechanism.")
-        max_order = check_int("max_order", max_order, minimum=2)
+        max_order = check_int("max_order", max_order, minimum=2, maximum=MAX_ORDER)
     counts = [check_int("steps", s, minimum=1) for s in steps]
     if not counts:
         raise ValueError("steps must list at least one round count.")
     delta = check_delta(delta)
-    return entry.run(steps=counts, delta=delta, method=method, max_order=max_order, **given)
+    if max_seconds is not None:
+        check_budget(
+            mechanism,
+            _checked(given),
+            steps=counts,
+            method=method,
+            max_order=max_order,
+            budget=float(max_seconds),
+        )
+    with work_budget(max_seconds):
+        return entry.run(steps=counts, delta=delta, method=method, max_order=max_order, **given)

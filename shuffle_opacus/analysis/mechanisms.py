@@ -46,7 +46,8 @@ from dataclasses import dataclass
 import numpy as np
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
-from ._validation import check_delta, check_int, check_positive, check_probability
+from ._validation import check_delta, check_int, check_probability, check_sigma
+from .limits import MAX_ORDER, charge, largest_within, rdp_stage_seconds, report_progress
 from .pld.common import compose_plds
 from .pld.gaussian import pld_discretization, pld_tail, shuffle_gaussian_pld
 from .rdp.central import gaussian_rdp, poisson_subsampled_gaussian_rdp
@@ -202,7 +203,7 @@ class Mechanism:
                 raise ValueError(f"{name} is not a parameter of {self.name}. Found {value!r}.")
         n_checked = check_int("n", n, minimum=1) if n is not None else None
         return RoundSetting(
-            sigma=check_positive("sigma", sigma),
+            sigma=check_sigma(sigma),
             n=n_checked,
             m=check_int("m", m, minimum=1, maximum=n_checked) if m is not None else None,
             rate=check_probability("rate", rate) if rate is not None else None,
@@ -387,8 +388,13 @@ def get_mechanism(name: str) -> Mechanism:
 
 @functools.lru_cache(maxsize=256)
 def _step_table(mechanism: str, curve: str, setting: RoundSetting, max_order: int) -> np.ndarray:
-    """Per-round RDP at orders ``2..max_order`` (read-only; cached across calls)."""
+    """Per-round RDP at orders ``2..max_order`` (read-only; cached across calls).
+
+    The estimated cost is charged to the active work budget (:func:`.limits.charge`) before
+    the table is computed; a cached table costs nothing.
+    """
     mech = MECHANISM_TABLE[mechanism]
+    _charge_stage(mech, curve, setting, max_order)
     if curve in mech.references:
         factory = mech.references[curve]
     else:
@@ -396,6 +402,32 @@ def _step_table(mechanism: str, curve: str, setting: RoundSetting, max_order: in
     table = np.asarray(factory(setting)(np.arange(2, max_order + 1)), dtype=float)
     table.setflags(write=False)
     return table
+
+
+def _charge_stage(mech: Mechanism, curve: str, setting: RoundSetting, max_order: int) -> None:
+    """Charge the estimated cost of one order range to the active budget, or refuse it."""
+
+    def cost(order: int) -> float:
+        return rdp_stage_seconds(
+            mech.name, curve, order, n=setting.n, m=setting.m, rate=setting.rate
+        )
+
+    def refuse(remaining: float, seconds: float) -> str:
+        best = largest_within(cost, 2, max_order, max(remaining, 0.0))
+        shown = ", ".join(
+            f"{k}={v:g}" for k, v in setting.as_dict().items() if v is not None and k != "n"
+        )
+        where = f"{mech.name} --method {curve} at n={setting.n}, {shown}"
+        if setting.n is None:
+            where = f"{mech.name} --method {curve} at {shown}"
+        return (
+            f"max_order must be <= {best if best is not None else 2} for {where} (orders up "
+            f"to {max_order} estimated at {seconds:.3g} s, {max(remaining, 0.0):.3g} s of the "
+            f"work budget left)."
+        )
+
+    charge(cost(max_order), refuse)
+    report_progress(f"{mech.name} {curve}: orders 2..{max_order}")
 
 
 def per_step_rdp(
@@ -495,7 +527,7 @@ def rounds_epsilon(
     if reference is not None:
         mech.reference(reference)
     if max_order is not None:
-        max_order = check_int("max_order", max_order, minimum=2)
+        max_order = check_int("max_order", max_order, minimum=2, maximum=MAX_ORDER)
     parts = [(s, check_int("steps", k, minimum=0)) for s, k in rounds]
     parts = [(s, k) for s, k in parts if k > 0]
     if not parts:
@@ -560,7 +592,7 @@ def compute_epsilon(
     steps = check_int("steps", steps, minimum=1)
     delta = check_delta(delta)
     if max_order is not None:
-        max_order = check_int("max_order", max_order, minimum=2)
+        max_order = check_int("max_order", max_order, minimum=2, maximum=MAX_ORDER)
     if chosen.kind == "pld":
         if max_order is not None:
             raise ValueError("max_order applies to Rényi-DP methods, not to the pld method.")
@@ -577,12 +609,13 @@ def compute_epsilon(
             neighbouring=mech.neighbouring,
             extra={"discretization": discretization, "tail": tail},
         )
-    step_rdp = chosen.step_rdp
-    assert step_rdp is not None
-    per_round = step_rdp(setting)
-    res = epsilon_from_rdp(
-        lambda orders: steps * per_round(orders), delta=delta, max_order=max_order
-    )
+    assert chosen.step_rdp is not None
+
+    def total(orders: np.ndarray) -> np.ndarray:
+        # orders is 2..L: the cached per-round table at L (the same numbers as computing it).
+        return steps * _step_table(mech.name, chosen.name, setting, int(orders[-1]))[orders - 2]
+
+    res = epsilon_from_rdp(total, delta=delta, max_order=max_order)
     return AccountingResult(
         mechanism=mech.name,
         method=chosen.name,

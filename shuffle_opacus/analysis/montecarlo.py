@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
-from ._validation import check_int, check_nonnegative, check_positive
+from ._validation import check_int, check_nonnegative, check_sigma
 
 __all__ = ["MonteCarloEstimate", "shuffled_gaussian_delta_mc"]
 
@@ -81,7 +81,7 @@ def shuffled_gaussian_delta_mc(
     """
     eps = check_nonnegative("eps", eps)
     n = check_int("n", n, minimum=1)
-    sigma = check_positive("sigma", sigma)
+    sigma = check_sigma(sigma)
     samples = check_int("samples", samples, minimum=1000)
     chunk = check_int("chunk", chunk, minimum=1)
     if direction not in _DIRECTIONS:

@@ -14,11 +14,61 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AccountingResult", "ACCOUNTING_KINDS"]
+__all__ = [
+    "AccountingResult",
+    "ACCOUNTING_KINDS",
+    "REGIMES",
+    "NO_PRIVACY_EPSILON",
+    "CONVERSION_SHARE",
+    "conversion_term",
+]
 
 ACCOUNTING_KINDS: tuple[str, ...] = ("rdp", "pld", "approximate")
 """How a result was obtained: Rényi DP + Lemma 2, a privacy loss distribution, or an
 approximate-DP composition theorem."""
+
+REGIMES: tuple[str, ...] = ("normal", "conversion-floor", "order-cap", "no-privacy", "no-bound")
+"""What dominates a result (:attr:`AccountingResult.regime`), in the order they are checked
+last to first: ``no-bound`` (epsilon is infinite), ``no-privacy`` (epsilon above
+:data:`NO_PRIVACY_EPSILON`), ``order-cap`` (a Rényi optimum at the largest order evaluated),
+``conversion-floor`` (a Rényi result made almost entirely of the conversion's own term) and
+``normal``."""
+
+NO_PRIVACY_EPSILON = 50.0
+"""Epsilon above which a guarantee is reported as effectively no privacy: it lets one user's
+presence change the odds of any event by a factor up to ``e^50``, about ``5e21``, more than the
+number of outcomes any attacker can tell apart, so no practical inference is ruled out."""
+
+CONVERSION_SHARE = 0.9
+"""Share of epsilon above which a Rényi result is dominated by the conversion (see
+:func:`conversion_term`): epsilon is then at most ``1 / 0.9`` times what Lemma 2 gives for a
+mechanism with no privacy loss at all at the same order."""
+
+
+def conversion_term(order: int, delta: float) -> float:
+    """Lemma 2's own term at a Rényi order: the epsilon it certifies for zero RDP.
+
+    Lemma 2 of Liew & Takahashi, "Shuffle Gaussian Mechanism for Differential Privacy"
+    (arXiv:2206.09569), from Canonne, Kamath & Steinke, "The Discrete Gaussian for
+    Differential Privacy" (arXiv:2004.00010, Proposition 12), turns ``(l, rho)``-RDP into
+    ``(rho + c(l), delta)``-DP with
+
+        ``c(l) = (log(1/delta) + (l - 1) log(1 - 1/l) - log(l)) / (l - 1)``.
+
+    ``c(l)`` is the floor of the conversion at order ``l``: no mechanism, however private,
+    gets a smaller epsilon from that order.
+
+    Args:
+        order: Integer Rényi order ``l >= 2``.
+        delta: Delta in ``(0, 1)``.
+
+    Returns:
+        ``c(l)`` (may be negative when ``l`` is large enough).
+    """
+    lam = float(order)
+    return (math.log(1.0 / delta) + (lam - 1.0) * math.log1p(-1.0 / lam) - math.log(lam)) / (
+        lam - 1.0
+    )
 
 
 @dataclass(frozen=True)
@@ -42,6 +92,7 @@ class AccountingResult:
         at_cap: True when ``order == max_order``: the optimum may lie beyond the cap.
         epsilon_lower: A certified lower end for epsilon, when the method has one.
         note: A one-line remark that changes how epsilon should be read, or ``None``.
+        regime: What dominates epsilon, one of :data:`REGIMES` (derived, see :attr:`regime`).
         extra: Method-specific facts kept in the JSON output (e.g. ``tail``, ``composition``).
     """
 
@@ -82,13 +133,41 @@ class AccountingResult:
         """True when epsilon is a finite number."""
         return math.isfinite(self.epsilon)
 
+    @property
+    def regime(self) -> str:
+        """What dominates epsilon: one of :data:`REGIMES`.
+
+        * ``no-bound``: epsilon is infinite (the method has no finite bound here);
+        * ``no-privacy``: epsilon exceeds :data:`NO_PRIVACY_EPSILON`;
+        * ``order-cap``: a Rényi result whose optimal order is the largest evaluated
+          (``at_cap``), so a larger cap may give a smaller epsilon;
+        * ``conversion-floor``: a Rényi result of which the conversion's own term
+          :func:`conversion_term` at the chosen order makes at least :data:`CONVERSION_SHARE`
+          (the composed RDP at that order is at most a tenth of epsilon). Epsilon is then what
+          Lemma 2 can certify from the orders evaluated, not what the mechanism leaks; the
+          mechanism may be far more private than it says;
+        * ``normal``: none of these.
+        """
+        if not self.finite:
+            return "no-bound"
+        if self.epsilon > NO_PRIVACY_EPSILON:
+            return "no-privacy"
+        if self.kind != "rdp" or not self.order:
+            return "normal"
+        if self.at_cap:
+            return "order-cap"
+        term = conversion_term(self.order, self.delta)
+        if self.epsilon > 0.0 and term >= CONVERSION_SHARE * self.epsilon:
+            return "conversion-floor"
+        return "normal"
+
     def to_dict(self) -> dict[str, Any]:
         """Return the result as a JSON-serialisable dictionary.
 
         Keys: ``mechanism``, ``method``, ``epsilon`` (``None`` when infinite), ``delta``,
         ``steps``, the parameters, ``order``/``max_order``/``at_cap`` for Rényi results,
-        ``epsilon_lower`` when known, the ``extra`` facts, ``accounting``, ``neighbouring`` and
-        ``note``.
+        ``epsilon_lower`` when known, the ``extra`` facts, ``accounting``, ``neighbouring``,
+        ``note`` and ``regime`` (:attr:`regime`).
         """
         out: dict[str, Any] = {
             "mechanism": self.mechanism,
@@ -104,4 +183,5 @@ class AccountingResult:
             out["epsilon_lower"] = self.epsilon_lower
         out.update(self.extra)
         out.update(accounting=self.accounting, neighbouring=self.neighbouring, note=self.note)
+        out["regime"] = self.regime
         return out

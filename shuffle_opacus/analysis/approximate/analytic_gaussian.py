@@ -26,7 +26,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
-from .._validation import check_delta, check_nonnegative, check_positive
+from .._validation import check_delta, check_nonnegative, check_sigma
 
 __all__ = ["gaussian_dp_delta", "gaussian_dp_epsilon"]
 
@@ -56,7 +56,7 @@ def gaussian_dp_delta(eps: float, *, sigma: float) -> float:
     Raises:
         ValueError: on an out-of-range argument.
     """
-    sigma = check_positive("sigma", sigma)
+    sigma = check_sigma(sigma)
     eps = check_nonnegative("eps", eps)
     return math.exp(_log_delta(float(eps), sigma))
 
@@ -78,7 +78,7 @@ def gaussian_dp_epsilon(delta: float, *, sigma: float) -> float:
     Raises:
         ValueError: on an out-of-range argument.
     """
-    sigma = check_positive("sigma", sigma)
+    sigma = check_sigma(sigma)
     delta = check_delta(delta)
     target = math.log(delta)
     if _log_delta(0.0, sigma) <= target:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import binom
 
-from .._validation import check_delta, check_int, check_positive, check_probability
+from .._validation import check_delta, check_int, check_positive, check_probability, check_sigma
 from ..results import AccountingResult
 from .clones import (
     CLONES_METHODS,
@@ -129,7 +129,7 @@ def round_profile(
     if (sigma is None) == (eps0 is None):
         raise ValueError("give exactly one of sigma (Gaussian reports) and eps0 (eps0-LDP).")
     if sigma is not None:
-        sigma = check_positive("sigma", sigma)
+        sigma = check_sigma(sigma)
     else:
         eps0 = check_positive("eps0", eps0)
     delta_max = check_delta(delta_max, "delta_max")

@@ -37,7 +37,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.stats import binom
 
-from .._validation import check_delta, check_int, check_nonnegative, check_positive
+from .._validation import check_delta, check_int, check_nonnegative, check_positive, check_sigma
 from .analytic_gaussian import gaussian_dp_epsilon
 
 __all__ = [
@@ -66,9 +66,16 @@ class CloneBounds:
     upper: float
 
 
+MAX_EPS0 = 100.0
+"""Largest local epsilon accepted (as for the PLD of shuffled reports): beyond it a report hides
+nothing, ``e^eps0`` leaves the float range near 709, and the bound is ``eps0`` itself."""
+
+
 def _check(n: object, eps0: object) -> tuple[int, float]:
     n = check_int("n", n, minimum=1)
     eps0 = check_positive("eps0", eps0)
+    if eps0 > MAX_EPS0:
+        raise ValueError(f"eps0 must be a finite number in (0, {MAX_EPS0:g}]. Found {eps0!r}.")
     return n, eps0
 
 
@@ -380,7 +387,7 @@ def clones_gaussian(
         ValueError: on an out-of-range argument.
     """
     n = check_int("n", n, minimum=1)
-    sigma = check_positive("sigma", sigma)
+    sigma = check_sigma(sigma)
     delta = check_delta(delta)
     tol = check_positive("tol", tol)
     if method not in CLONES_METHODS:

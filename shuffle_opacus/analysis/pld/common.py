@@ -47,15 +47,20 @@ def check_discretization(value: object) -> float:
     return d
 
 
+MIN_TAIL = 1e-290
+"""Smallest truncated-mass budget: the enumerations take ``log(4 / tail)``, which must stay
+finite (a subnormal tail overflows it)."""
+
+
 def check_tail(value: object) -> float:
-    """Return ``value`` if it is a truncated-mass budget in ``(0, 1)``.
+    """Return ``value`` if it is a truncated-mass budget in ``[MIN_TAIL, 1)``.
 
     Raises:
         ValueError: otherwise.
     """
     t = check_positive("tail", value)
-    if t >= 1.0:
-        raise ValueError(f"tail must be in (0, 1). Found {value!r}.")
+    if t < MIN_TAIL or t >= 1.0:
+        raise ValueError(f"tail must be in (0, 1) and >= {MIN_TAIL:g}. Found {value!r}.")
     return t
 
 
@@ -73,11 +78,20 @@ def default_tail(delta: float, rounds: int) -> float:
         The per-round truncated-mass budget.
 
     Raises:
-        ValueError: on an out-of-range argument.
+        ValueError: on an out-of-range argument, or when ``1e-3 delta / rounds`` is below
+            :data:`MIN_TAIL` (the message names ``delta`` and its smallest value).
     """
     delta = check_delta(delta)
     rounds = check_int("rounds", rounds, minimum=1)
-    return min(DEFAULT_TAIL, 1e-3 * delta / rounds)
+    tail = min(DEFAULT_TAIL, 1e-3 * delta / rounds)
+    if tail < MIN_TAIL:
+        smallest = MIN_TAIL * 1e3 * rounds
+        raise ValueError(
+            f"delta must be >= {smallest:.3g} for {rounds} rounds (the mass a privacy loss "
+            f"distribution may leave out, 1e-3 delta / rounds, must be >= {MIN_TAIL:g}). "
+            f"Found {delta!r}."
+        )
+    return tail
 
 
 def pmf_from_losses(

@@ -85,6 +85,7 @@ from .._validation import (
     check_nonnegative,
     check_positive,
     check_probability,
+    check_sigma,
 )
 from .common import check_discretization, check_tail, compose_plds
 
@@ -380,7 +381,7 @@ def _check_setting(
     n: object, sigma: object, rate: object, m: object
 ) -> tuple[int, float, float, int]:
     n = check_int("n", n, minimum=1)
-    sigma = check_positive("sigma", sigma)
+    sigma = check_sigma(sigma)
     if rate is not None and m is not None:
         raise ValueError(
             f"give rate (check-in) or m (subsampled), not both. Found {rate!r}, {m!r}."

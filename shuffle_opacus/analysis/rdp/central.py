@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validation import check_orders, check_positive, check_probability
+from .._validation import check_orders, check_probability, check_sigma
 from .series import log_gaussian_excess, mixture_log_excess
 
 __all__ = ["gaussian_rdp", "poisson_subsampled_gaussian_rdp"]
@@ -37,7 +37,7 @@ def gaussian_rdp(*, sigma: float, orders: np.ndarray | list[int]) -> np.ndarray:
     Raises:
         ValueError: on an out-of-range argument.
     """
-    sigma = check_positive("sigma", sigma)
+    sigma = check_sigma(sigma)
     orders_arr = check_orders(orders)
     return orders_arr / (2.0 * sigma**2)
 
@@ -59,7 +59,7 @@ def poisson_subsampled_gaussian_rdp(
         ValueError: on an out-of-range argument.
     """
     rate = check_probability("rate", rate)
-    sigma = check_positive("sigma", sigma)
+    sigma = check_sigma(sigma)
     orders_arr = check_orders(orders)
     log_e = log_gaussian_excess(sigma, int(orders_arr[-1]))
     log_s = mixture_log_excess(rate, log_e, orders_arr)[0]

@@ -68,7 +68,8 @@ from fractions import Fraction
 import numpy as np
 from scipy.stats import binom
 
-from .._validation import check_int, check_orders, check_positive, check_probability
+from .._validation import check_int, check_orders, check_probability, check_sigma
+from ..limits import MAX_ORDER
 from .series import NEG_INF, log_gaussian_excess, lse, mixture_log_excess, shuffle_log_excess
 from .subsampling import wang_log_excess
 
@@ -235,8 +236,8 @@ def checkin_log_excess_exact(*, n: int, rate: float, sigma: float, max_order: in
     """
     n = check_int("n", n, minimum=1)
     rate = check_probability("rate", rate)
-    sigma = check_positive("sigma", sigma)
-    max_order = check_int("max_order", max_order, minimum=2)
+    sigma = check_sigma(sigma)
+    max_order = check_int("max_order", max_order, minimum=2, maximum=MAX_ORDER)
     log_c = math.log(rate) + log_gaussian_excess(sigma, max_order)
     return shuffle_log_excess(n, sigma, max_order, log_c=log_c)
 
@@ -272,7 +273,7 @@ def checkin_rdp(
     """
     n = check_int("n", n, minimum=1)
     rate = check_probability("rate", rate)
-    sigma = check_positive("sigma", sigma)
+    sigma = check_sigma(sigma)
     orders_arr = check_orders(orders)
     if method not in CHECKIN_METHODS:
         raise ValueError(f"method must be one of {', '.join(CHECKIN_METHODS)}. Found {method!r}.")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._validation import check_delta, check_int, check_nonnegative, check_orders
+from ..limits import MAX_ORDER
 
 __all__ = [
     "delta_from_rdp",
@@ -117,8 +118,9 @@ def epsilon_from_rdp(
     Args:
         rdp_fn: Maps an int array of orders ``2..L`` to the *total* RDP at those orders.
         delta: Target delta in ``(0, 1)``.
-        max_order: A user cap ``L``; when given only ``2..max_order`` are evaluated and an
-            :class:`OrderCapWarning` is issued if the optimum sits at the cap.
+        max_order: A user cap ``L`` (at most :data:`~shuffle_opacus.analysis.limits.MAX_ORDER`);
+            when given only ``2..max_order`` are evaluated and an :class:`OrderCapWarning` is
+            issued if the optimum sits at the cap.
         start_order: First ``L`` tried when no cap is given.
         order_limit: Largest ``L`` the automatic growth may reach (then it warns as above).
 
@@ -130,11 +132,11 @@ def epsilon_from_rdp(
     """
     delta = check_delta(delta)
     if max_order is not None:
-        cap = check_int("max_order", max_order, minimum=2)
+        cap = check_int("max_order", max_order, minimum=2, maximum=MAX_ORDER)
         limit = cap
         current = cap
     else:
-        limit = check_int("order_limit", order_limit, minimum=2)
+        limit = check_int("order_limit", order_limit, minimum=2, maximum=MAX_ORDER)
         current = min(check_int("start_order", start_order, minimum=2), limit)
     while True:
         orders = np.arange(2, current + 1)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validation import check_int, check_orders, check_positive
+from .._validation import check_int, check_orders, check_sigma
+from ..limits import MAX_ORDER
 from .series import shuffle_log_excess
 
 __all__ = ["shuffle_gaussian_rdp", "no_shuffle_rdp", "shuffle_gaussian_log_excess"]
@@ -45,8 +46,8 @@ def shuffle_gaussian_log_excess(*, n: int, sigma: float, max_order: int) -> np.n
         ValueError: on an out-of-range argument.
     """
     n = check_int("n", n, minimum=1)
-    sigma = check_positive("sigma", sigma)
-    max_order = check_int("max_order", max_order, minimum=2)
+    sigma = check_sigma(sigma)
+    max_order = check_int("max_order", max_order, minimum=2, maximum=MAX_ORDER)
     return shuffle_log_excess(n, sigma, max_order)
 
 
@@ -91,6 +92,6 @@ def no_shuffle_rdp(*, sigma: float, orders: np.ndarray | list[int]) -> np.ndarra
     Raises:
         ValueError: on an out-of-range argument.
     """
-    sigma = check_positive("sigma", sigma)
+    sigma = check_sigma(sigma)
     orders_arr = check_orders(orders)
     return orders_arr / (2.0 * sigma**2)

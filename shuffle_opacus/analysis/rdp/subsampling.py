@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import gammaln
 
-from .._validation import check_int, check_orders, check_positive, check_probability
+from .._validation import check_int, check_orders, check_probability, check_sigma
 from .series import NEG_INF, egf_log_conv_at, log_gaussian_excess, shuffle_log_excess
 
 __all__ = ["subsampled_shuffle_rdp", "subsampled_gaussian_rdp", "wang_log_excess"]
@@ -80,7 +80,7 @@ def subsampled_shuffle_rdp(
     """
     n = check_int("n", n, minimum=1)
     m = check_int("m", m, minimum=1, maximum=n)
-    sigma = check_positive("sigma", sigma)
+    sigma = check_sigma(sigma)
     orders_arr = check_orders(orders)
     log_e = shuffle_log_excess(m, sigma, int(orders_arr[-1]))
     log_s = wang_log_excess(m / n, log_e, orders_arr)[0]
@@ -109,7 +109,7 @@ def subsampled_gaussian_rdp(
         ValueError: on an out-of-range argument.
     """
     rate = check_probability("rate", rate)
-    sigma = check_positive("sigma", sigma)
+    sigma = check_sigma(sigma)
     orders_arr = check_orders(orders)
     log_e = log_gaussian_excess(sigma, int(orders_arr[-1]))
     log_s = wang_log_excess(rate, log_e, orders_arr)[0]
