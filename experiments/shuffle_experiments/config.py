@@ -34,6 +34,49 @@ __all__ = [
     "apply_overrides",
 ]
 
+#: Upper bounds that keep every count a machine integer and every run finite: rounds (and the
+#: intervals counted in rounds), clients and examples (MNIST has 70,000), torch threads, seed
+#: (``torch.manual_seed`` takes 64-bit seeds).
+MAX_ROUNDS = 10**8
+MAX_CLIENTS = 10**8
+MAX_THREADS = 1024
+MAX_SEED = 2**63 - 1
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that repeats a key (YAML would keep the last)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if not isinstance(key, (str, int, float, bool)):
+            continue  # an unhashable key is left to the schema's own error
+        if key in seen:
+            raise ConfigError(f"key {key!r} appears twice (line {key_node.start_mark.line + 1})")
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _unique_mapping,  # type: ignore[arg-type]
+)
+
+
+def _parse_yaml(text: str, what: str) -> Any:
+    """Parse YAML text with :class:`_UniqueKeyLoader`; a problem is one ConfigError line."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no Python objects
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{what} is not valid YAML{where}") from None
+
+
 #: The approximate-DP baselines and the protocols they exist for.
 BASELINES: dict[str, tuple[str, ...]] = {"clones": ("checkin", "full")}
 
@@ -89,8 +132,8 @@ class DataConfig(_Section):
     source: Literal["auto", "torchvision", "idx", "pickle"] = "auto"
     root: str | None = None
     pickle_path: str | None = None
-    train_subset: int | None = Field(default=None, gt=0)
-    test_subset: int | None = Field(default=None, gt=0)
+    train_subset: int | None = Field(default=None, gt=0, le=MAX_CLIENTS)
+    test_subset: int | None = Field(default=None, gt=0, le=MAX_CLIENTS)
     #: ``standard``: (pixel - 0.1307) / 0.3081 (MNIST's mean and sd); ``unit``: pixels in [0, 1].
     normalize: Literal["standard", "unit"] = "standard"
 
@@ -105,8 +148,8 @@ class ProtocolConfig(_Section):
     """Which clients report each round."""
 
     kind: Literal["checkin", "subsampled", "full"] = "checkin"
-    rate: float | None = Field(default=None, gt=0, le=1)
-    sample_size: int | None = Field(default=None, gt=0)
+    rate: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    sample_size: int | None = Field(default=None, gt=0, le=MAX_CLIENTS)
 
 
 def _known_curve(name: str) -> str:
@@ -118,10 +161,10 @@ def _known_curve(name: str) -> str:
 class PrivacyConfig(_Section):
     """Clipping, local noise and accounting."""
 
-    clipping_norm: float = Field(gt=0)
-    noise_multiplier: float = Field(gt=0)
+    clipping_norm: float = Field(gt=0, allow_inf_nan=False)
+    noise_multiplier: float = Field(gt=0, allow_inf_nan=False)
     sensitivity: float | Literal["replace-one", "paper"] = "replace-one"
-    delta: float = Field(default=1e-5, gt=0, lt=1)
+    delta: float = Field(default=1e-5, gt=0, lt=1, allow_inf_nan=False)
     accountants: list[Annotated[str, AfterValidator(_known_curve)]] = Field(
         default_factory=lambda: ["exact", "theorem3", "no-shuffle", "central"], min_length=1
     )
@@ -138,27 +181,27 @@ class OptimizerConfig(_Section):
     """The server's optimizer."""
 
     name: Literal["sgd", "adam"] = "sgd"
-    lr: float = Field(gt=0)
-    momentum: float = Field(default=0.0, ge=0, lt=1)
+    lr: float = Field(gt=0, allow_inf_nan=False)
+    momentum: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False)
     schedule: Literal["constant", "cosine"] = "constant"
     #: Rounds of linear warm-up from 0 to ``lr`` before the schedule.
-    warmup: int = Field(default=0, ge=0)
+    warmup: int = Field(default=0, ge=0, le=MAX_ROUNDS)
 
 
 class TrainingConfig(_Section):
     """Rounds, evaluation and checkpoints."""
 
-    rounds: int = Field(gt=0)
-    eval_every: int = Field(default=100, gt=0)
-    checkpoint_every: int = Field(default=500, gt=0)
+    rounds: int = Field(gt=0, le=MAX_ROUNDS)
+    eval_every: int = Field(default=100, gt=0, le=MAX_ROUNDS)
+    checkpoint_every: int = Field(default=500, gt=0, le=MAX_ROUNDS)
     grad_sample_mode: Literal["hooks", "functorch", "ew", "fast"] = "hooks"
-    micro_batch: int | None = Field(default=200, gt=0)
-    threads: int = Field(default=2, gt=0)
+    micro_batch: int | None = Field(default=200, gt=0, le=MAX_CLIENTS)
+    threads: int = Field(default=2, gt=0, le=MAX_THREADS)
     #: ``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``.
     device: str = "auto"
     #: Decay of an exponential moving average of the weights, evaluated instead of the weights
     #: themselves (post-processing of the private trajectory); ``null`` for none.
-    ema: float | None = Field(default=None, gt=0, lt=1)
+    ema: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
 
     @field_validator("device")
     @classmethod
@@ -172,7 +215,7 @@ class ExperimentConfig(_Section):
     """The whole experiment."""
 
     name: str = Field(min_length=1)
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     output_dir: str = Field(min_length=1)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -202,6 +245,11 @@ class ExperimentConfig(_Section):
                     f"protocol.{field} applies to {' and '.join(users)} only, got {value!r}"
                 )
         clients = self.data.train_subset or 60000
+        if p.rate is not None and p.rate * clients < 1e-6:
+            raise ConfigError(
+                f"protocol.rate must be >= {1e-6 / clients:.3g} (at least one report expected "
+                f"per million rounds with {clients} clients), got {p.rate!r}"
+            )
         if p.sample_size is not None and p.sample_size >= clients:
             raise ConfigError(
                 f"protocol.sample_size must be < the number of clients ({clients}), got "
@@ -256,7 +304,9 @@ def _describe(error: Mapping[str, Any]) -> str:
         return f"must be <= {ctx.get('le')}"
     if kind in ("int_parsing", "int_type", "int_from_float", "bool_type"):
         return "must be an integer"
-    if kind in ("float_parsing", "float_type", "finite_number"):
+    if kind == "finite_number":
+        return "must be a finite number"
+    if kind in ("float_parsing", "float_type"):
         return "must be a number"
     if kind in ("string_type",):
         return "must be a string"
@@ -331,7 +381,8 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
         The updated copy.
 
     Raises:
-        ConfigError: for an override without ``=`` or whose path crosses a non-mapping.
+        ConfigError: for an override without ``=``, whose value is not YAML, or whose path
+            crosses a non-mapping.
     """
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config must be a mapping of sections, got {type(raw).__name__}")
@@ -348,7 +399,7 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
             node = node[part]
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {key}: {part} is not a section, got {item!r}")
-        node[path[-1]] = yaml.safe_load(text)
+        node[path[-1]] = _parse_yaml(text, f"--set {key.strip()}: the value {text!r}")
     return out
 
 
@@ -363,15 +414,19 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
         The validated config.
 
     Raises:
-        ConfigError: if the file is missing, is not YAML, or is invalid.
+        ConfigError: if the file is missing, unreadable, not UTF-8, not YAML (a repeated key
+            included), or invalid.
     """
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"config file {path} is not valid YAML{where}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory, not a YAML file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror})") from None
+    raw = _parse_yaml(text, f"config file {path}")
     return validate(apply_overrides(raw or {}, overrides))
