@@ -123,7 +123,16 @@ def test_resume_after_stop_matches_uninterrupted_run(tmp_path):
     assert resumed.epsilon == whole.epsilon and resumed.test_accuracy == whole.test_accuracy
 
 
-def test_ctrl_c_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch):
+@pytest.fixture
+def default_sigint():
+    # A shell starts background jobs with SIGINT ignored, and the runner then (rightly) installs
+    # no handler; Ctrl-C tests want Python's default handler whatever started pytest.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch, default_sigint):
     # With warm-up, the cosine schedule, momentum and a weight average, so that optimizer and
     # average state must be restored too.
     cfg = tiny_config(
