@@ -72,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("sweep_file", metavar="SWEEP_FILE", help="e.g. configs/sweeps/paper.yaml")
     sweep.add_argument("--out", help="output directory (default: runs/sweeps/<name of SWEEP_FILE>)")
+    sweep.add_argument(
+        "--trial",
+        type=int,
+        nargs="+",
+        metavar="K",
+        help="run only these trials (e.g. one per process on a multi-core machine)",
+    )
     sweep.add_argument("--no-progress", action="store_true", help="no progress bars")
     for name, what in (
         ("table1", "Table 1 of Liew & Takahashi (clones against RDP)"),
@@ -114,7 +121,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
     sweep = load_sweep(args.sweep_file)
     out = Path(args.out) if args.out else Path("runs") / "sweeps" / Path(args.sweep_file).stem
-    run_sweep(sweep, out, progress=not args.no_progress)
+    run_sweep(sweep, out, progress=not args.no_progress, only=args.trial)
     print(f"results         {out / 'results.md'}")
     return 0
 

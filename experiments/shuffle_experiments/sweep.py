@@ -222,6 +222,7 @@ def run_sweep(
     *,
     progress: bool = True,
     echo: Callable[[str], None] = print,
+    only: Sequence[int] | None = None,
 ) -> list[TrialResult]:
     """Run (or finish) every trial and write the results table and figure.
 
@@ -230,24 +231,39 @@ def run_sweep(
         out: The sweep's directory; trial ``k`` runs in ``out/trial-kk``.
         progress: Show each trial's progress bar.
         echo: Where one line per trial goes.
+        only: Run just these trial numbers (for example one per process, to use several
+            cores); the results then cover every trial of ``out`` that has finished.
 
     Returns:
-        One result per trial, in order.
+        One result per finished trial, in order.
 
     Raises:
-        ConfigError: if a trial directory in ``out`` holds a run of another config.
+        ConfigError: if a trial directory in ``out`` holds a run of another config, or
+            ``only`` names a trial the sweep does not have.
     """
     from .runner import SUMMARY_FILE, resume, run
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     trials = sweep.trials
+    numbers = [t.number for t in trials]
+    if only is not None:
+        unknown = sorted(set(only) - set(numbers))
+        if unknown:
+            raise ConfigError(
+                f"--trial must name trials 1 to {len(trials)} of this sweep, got {unknown[0]}"
+            )
+    out.mkdir(parents=True, exist_ok=True)
     results = []
     for trial in trials:
         run_dir = out / f"trial-{trial.number:02d}"
         summary = run_dir / SUMMARY_FILE
         label = ", ".join(f"{k}={_format_value(v)}" for k, v in trial.overrides.items())
         _check_same_config(trial, run_dir)
+        if only is not None and trial.number not in only:
+            if summary.exists():  # finished by another process: part of the table
+                seconds = json.loads(summary.read_text())["seconds_per_round"]
+                results.append(_read_result(trial, run_dir, seconds))
+            continue
         if summary.exists():
             echo(f"trial {trial.number}/{len(trials)} ({label}): done before, kept")
         else:

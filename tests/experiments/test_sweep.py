@@ -142,3 +142,17 @@ def test_shipped_sweeps_validate_and_keep_the_paper_privacy_setting(path):
         p, q = trial.config.privacy, trial.config.protocol
         assert (q.kind, q.rate, p.clipping_norm, p.noise_multiplier, p.sensitivity, p.delta) == (
             "checkin", 0.1, 0.01, 5.0, "paper", 1e-5)  # fmt: skip
+
+
+def test_only_some_trials(tmp_path):
+    path = write_sweep(tmp_path, grid={"optimizer.lr": [0.1, 0.5]})
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match="--trial must name trials 1 to 2 of this sweep, got 3"):
+        run_sweep(load_sweep(path), out, progress=False, only=[3], echo=lambda _: None)
+    assert not out.exists()  # refused before any work
+    # Trial 2 alone (as a second process would run it): the table holds what has finished.
+    results = run_sweep(load_sweep(path), out, progress=False, only=[2], echo=lambda _: None)
+    assert [r.trial.number for r in results] == [2] and not (out / "trial-01").exists()
+    results = run_sweep(load_sweep(path), out, progress=False, only=[1], echo=lambda _: None)
+    assert [r.trial.number for r in results] == [1, 2]
+    assert [r["optimizer.lr"] for r in rows(out / "results.csv")] == ["0.1", "0.5"]
