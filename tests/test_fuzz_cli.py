@@ -125,7 +125,9 @@ def _check_call(argv: list[str], capsys: pytest.CaptureFixture[str]) -> int:
     return code
 
 
-def test_every_option_with_hostile_values(capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_option_with_hostile_values(
+    capsys: pytest.CaptureFixture[str], pytestconfig: pytest.Config
+) -> None:
     """The whole grid: one clean answer per call; the tally is printed with ``-s``."""
     statuses, failures = [], []
     for argv in CASES:
@@ -137,10 +139,12 @@ def test_every_option_with_hostile_values(capsys: pytest.CaptureFixture[str]) ->
     for argv in [["account", m, *args] for m, args in VALID.items()] + [CALIBRATE]:
         assert _check_call(argv, capsys) == 0, argv
     errors = statuses.count(2)
-    with capsys.disabled():
-        print(
-            f"\nCLI fuzz grid: {len(CASES)} inputs, {errors} clean errors, {len(CASES) - errors} ok"
-        )
+    if pytestconfig.getoption("capture") == "no":  # pytest -s: show the tally
+        with capsys.disabled():
+            print(
+                f"\nCLI fuzz grid: {len(CASES)} inputs, {errors} clean errors, "
+                f"{len(CASES) - errors} ok"
+            )
     assert errors > len(CASES) // 2  # most of the grid is invalid on purpose
 
 
