@@ -130,3 +130,20 @@ def test_the_library_never_imports_the_application():
         "import importlib.util, sys; sys.exit(importlib.util.find_spec('experiments') is not None)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd="/").returncode == 0
+
+
+def test_papers_are_cited_not_referred_to_by_handle():
+    # Papers are cited by authors, title and arXiv number; a handle (the word seed and a
+    # number) or a file name under the shared seeds folder means nothing to a reader.
+    handle = re.compile(r"\bseeds?[ _]?0\d\d\b|seeds/\d{3}_", re.IGNORECASE)
+    skip = {".venv", "runs", ".git", "__pycache__", ".pytest_cache", ".hypothesis"}
+    found = []
+    for path in ROOT.rglob("*"):
+        if skip & set(path.relative_to(ROOT).parts) or not path.is_file():
+            continue
+        if path.suffix not in {".py", ".md", ".yaml", ".toml", ".txt", ".csv", ".sh"}:
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if handle.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
