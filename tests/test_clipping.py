@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
+from shuffle_experiments.models import cnn  # the experiment's MNIST CNN, 26,010 parameters
 from torch import nn
 
 from shuffle_opacus.clipping import FastGradientClipper, UnsupportedModuleError, clip_factors
@@ -42,22 +43,6 @@ def reference_clipped_sum(module, x, y, loss_fn, max_norm, eps=1e-6):
     norms = torch.sqrt(sum(g.reshape(g.shape[0], -1).square().sum(1) for g in ps.values()))
     c = (max_norm / (norms + eps)).clamp(max=1.0)
     return {k: torch.einsum("i,i...->...", c, g) for k, g in ps.items()}, norms
-
-
-def cnn() -> nn.Module:
-    """The project's MNIST tanh CNN (26,010 parameters)."""
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 8, stride=2, padding=3),
-        nn.Tanh(),
-        nn.MaxPool2d(2, 1),
-        nn.Conv2d(16, 32, 4, stride=2),
-        nn.Tanh(),
-        nn.MaxPool2d(2, 1),
-        nn.Flatten(),
-        nn.Linear(32 * 4 * 4, 32),
-        nn.Tanh(),
-        nn.Linear(32, 10),
-    )
 
 
 def gn_cnn() -> nn.Module:
