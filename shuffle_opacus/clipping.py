@@ -604,18 +604,13 @@ class FastGradientClipper:
         n = a.shape[0]
         # Only the weight's shape matters for the weight gradient; its values are never read.
         w = m.weight.new_empty(n * m.out_channels, *m.weight.shape[1:]).to(g.dtype)
-        _, gw, _ = torch.ops.aten.convolution_backward(
+        gw = _conv_weight_grad(
+            m,
             g.reshape(1, n * m.out_channels, *g.shape[2:]),
             a.reshape(1, n * m.in_channels, *a.shape[2:]),
             w,
-            None,
-            list(m.stride),
-            list(padding),
-            list(m.dilation),
-            False,
-            [0, 0],
-            n * m.groups,
-            [False, True, False],
+            padding,
+            groups=n * m.groups,
         )
         return gw.reshape(n, m.out_channels, -1)
 
@@ -661,22 +656,40 @@ class FastGradientClipper:
         if isinstance(m, nn.Conv2d):
             a, padding = self._conv_input(m, a.to(g.dtype))
             gs = g * c.view(-1, 1, 1, 1)
-            _, gw, _ = torch.ops.aten.convolution_backward(
-                gs,
-                a,
-                m.weight.to(g.dtype),
-                None,
-                list(m.stride),
-                list(padding),
-                list(m.dilation),
-                False,
-                [0, 0],
-                m.groups,
-                [False, True, False],
-            )
+            gw = _conv_weight_grad(m, gs, a, m.weight.to(g.dtype), padding, groups=m.groups)
             out[m.weight] = gw
             return out
         raise AssertionError(type(m))  # pragma: no cover - GroupNorm always keeps its grads
+
+
+def _conv_weight_grad(
+    m: nn.Conv2d,
+    grad_out: Tensor,
+    inp: Tensor,
+    weight: Tensor,
+    padding: tuple[int, int],
+    *,
+    groups: int,
+) -> Tensor:
+    """Weight gradient of ``m``'s convolution (stride and dilation of ``m``, explicit padding).
+
+    Only ``weight``'s shape is read; ``groups`` may exceed ``m.groups`` when the reports of a
+    batch are folded into channel groups.
+    """
+    _, gw, _ = torch.ops.aten.convolution_backward(
+        grad_out,
+        inp,
+        weight,
+        None,
+        list(m.stride),
+        list(padding),
+        list(m.dilation),
+        False,
+        [0, 0],
+        groups,
+        [False, True, False],
+    )
+    return gw
 
 
 class _ClippedSumGrad(torch.autograd.Function):
