@@ -32,6 +32,7 @@ __all__ = [
     "curve_names",
     "load_config",
     "apply_overrides",
+    "read_yaml",
 ]
 
 #: Upper bounds that keep every count a machine integer and every run finite: rounds (and the
@@ -403,6 +404,33 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
     return out
 
 
+def read_yaml(path: str | Path, what: str) -> Any:
+    """Read and parse a YAML file, refusing repeated keys; every problem is one line.
+
+    Args:
+        path: The file.
+        what: How messages name it (``"config file"``, ``"sweep file"``).
+
+    Returns:
+        The parsed document (``None`` for an empty file).
+
+    Raises:
+        ConfigError: if the file is missing, a directory, unreadable, not UTF-8 or not YAML.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path} is a directory, not a YAML file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(f"{what} {path} cannot be read ({exc.strerror})") from None
+    return _parse_yaml(text, f"{what} {path}")
+
+
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
     """Read, override and validate a YAML config.
 
@@ -417,16 +445,5 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
         ConfigError: if the file is missing, unreadable, not UTF-8, not YAML (a repeated key
             included), or invalid.
     """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {path} is a directory, not a YAML file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {path} is not UTF-8 text") from None
-    except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read ({exc.strerror})") from None
-    raw = _parse_yaml(text, f"config file {path}")
+    raw = read_yaml(path, "config file")
     return validate(apply_overrides(raw or {}, overrides))

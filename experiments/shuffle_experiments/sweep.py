@@ -36,9 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .config import ConfigError, ExperimentConfig, apply_overrides, validate
+from .config import ConfigError, ExperimentConfig, apply_overrides, read_yaml, validate
 
 __all__ = ["Sweep", "Trial", "TrialResult", "load_sweep", "run_sweep", "results_markdown"]
 
@@ -132,12 +130,7 @@ def load_sweep(path: str | Path) -> Sweep:
             trial config (the message names the trial).
     """
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"sweep file {path} does not exist") from None
-    except yaml.YAMLError:
-        raise ConfigError(f"sweep file {path} is not valid YAML") from None
+    raw = read_yaml(path, "sweep file")
     if not isinstance(raw, Mapping):
         raise ConfigError(f"sweep file {path} must be a mapping with base, set, grid, trials")
     unknown = sorted(set(raw) - _SWEEP_KEYS)
@@ -169,9 +162,12 @@ def load_sweep(path: str | Path) -> Sweep:
     if not combos:
         raise ConfigError(f"sweep file {path}: no trials (give grid or trials)")
     common_overrides = _as_overrides(common, "set")
-    base_raw = yaml.safe_load(base.read_text(encoding="utf-8")) if base.exists() else None
+    try:
+        base_raw = read_yaml(base, "base config")
+    except ConfigError as exc:
+        raise ConfigError(f"sweep file {path}: {exc}") from None
     if base_raw is None:
-        raise ConfigError(f"sweep file {path}: base config {base} does not exist or is empty")
+        raise ConfigError(f"sweep file {path}: base config {base} is empty")
     trials = []
     for number, overrides in enumerate(combos, start=1):
         strings = common_overrides + _as_overrides(overrides, f"trial {number}")
