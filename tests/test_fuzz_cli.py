@@ -11,9 +11,9 @@ random argument lists over the same vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -33,8 +33,6 @@ HUGE = {
     "--k": "1000000000000",
     "--rounds": "1000000000000",
 }
-#: Longest time one call may take (the largest accepted requests here take well under 1 s).
-SECONDS_PER_CALL = 5.0
 
 #: A cheap valid call of every mechanism.
 #: (Rényi-DP mechanisms with a small order cap, so that accepted extreme values stay cheap.)
@@ -108,11 +106,8 @@ CASES = [*_account_cases(), *_calibrate_cases(), *OTHER_CASES]
 
 def _check_call(argv: list[str], capsys: pytest.CaptureFixture[str]) -> int:
     """Run one call and check the contract; return its status."""
-    start = time.perf_counter()
     code = main(argv)
-    elapsed = time.perf_counter() - start
     out, err = capsys.readouterr()
-    assert elapsed < SECONDS_PER_CALL, (argv, elapsed)
     assert "Traceback" not in out + err, argv
     assert code in (0, 2), (argv, code)
     if code == 2:
@@ -182,11 +177,16 @@ def test_every_option_with_hostile_values(
     ],
 )
 def test_expensive_requests_are_refused_up_front(
-    argv: list[str], names: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str], names: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    start = time.perf_counter()
+    # "Up front": the refusal comes from the cost estimate, before any mechanism starts work
+    # (how long the accepted requests take is measured in benchmarks/limits.py).
+    def no_work(**_: object) -> None:
+        raise AssertionError("the computation started before the request was refused")
+
+    for name, entry in CATALOGUE.items():
+        monkeypatch.setitem(CATALOGUE, name, dataclasses.replace(entry, run=no_work))
     assert main(argv) == 2
-    assert time.perf_counter() - start < 2.0
     err = capsys.readouterr().err
     assert names in err and err.count("\n") == 1
 

@@ -188,47 +188,56 @@ def test_cli_reports_a_damaged_checkpoint_on_one_line(stopped, capsys):
 
 
 # The children are fresh interpreters (not forks: a fork of a process whose OpenMP pool is
-# running can deadlock), reading a tiny MNIST pickle so that they start quickly.
+# running can deadlock), reading a tiny MNIST pickle so that they start quickly. A child kills
+# itself with SIGKILL at a chosen point, so that where it dies does not depend on how quickly a
+# busy machine schedules a watching parent:
+# * "round K": as round K begins, with the rows since the last flush still buffered and, when an
+#   evaluation flushed them, rows past the last checkpoint already on disk;
+# * "in-checkpoint": in the middle of writing the next checkpoint (a half-written temporary file).
 _RESUME = """
-import sys
+import os, signal, sys
 from pathlib import Path
+import torch
 from shuffle_experiments import runner
-run_dir = Path(sys.argv[1])
-if sys.argv[2] == "die-in-checkpoint":
-    import os, signal, torch
+run_dir, mode, kill_at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+if mode == "round":
+    step = runner._Session.round
+    def round_or_die(self, indices, round_number):
+        if round_number == kill_at:
+            die()
+        return step(self, indices, round_number)
+    runner._Session.round = round_or_die
+else:
     def save(obj, path):
         tmp = path.with_name(path.name + ".tmp")
         torch.save(obj, tmp)
-        with tmp.open("r+b") as fh:  # half-written, then the process dies
+        with tmp.open("r+b") as fh:
             fh.truncate(tmp.stat().st_size // 2)
-        os.kill(os.getpid(), signal.SIGKILL)
+        die()
     runner._atomic_save = save
 runner.resume(run_dir, progress=False, echo=lambda _: None)
 """
 
 
 def _rounds_written(run_dir: Path) -> int:
-    try:
-        with (run_dir / "metrics.csv").open() as fh:
-            return sum(1 for _ in fh) - 1
-    except FileNotFoundError:
-        return 0
+    with (run_dir / "metrics.csv").open() as fh:
+        return sum(1 for _ in fh) - 1
 
 
-def _resume_in_child(run_dir: Path, mode: str, kill_at: int | None) -> int:
-    """Resume in a new process; SIGKILL it once ``metrics.csv`` has ``kill_at`` rows.
+def _checkpoint_round(run_dir: Path) -> int:
+    return int(torch.load(run_dir / "checkpoint.pt", weights_only=True)["round"])
+
+
+def _resume_in_child(run_dir: Path, mode: str, kill_at: int = 0) -> int:
+    """Resume in a new process that SIGKILLs itself (see ``_RESUME``).
 
     Returns:
         The signal that ended the child (``SIGKILL`` expected).
     """
-    child = subprocess.Popen([sys.executable, "-c", _RESUME, str(run_dir), mode])
+    child = subprocess.Popen([sys.executable, "-c", _RESUME, str(run_dir), mode, str(kill_at)])
     try:
-        deadline = time.monotonic() + 120
-        while kill_at is not None and child.poll() is None and time.monotonic() < deadline:
-            if _rounds_written(run_dir) >= kill_at:
-                child.send_signal(signal.SIGKILL)
-                break
-            time.sleep(0.002)
         return -child.wait(timeout=120)
     finally:
         if child.poll() is None:
@@ -237,19 +246,27 @@ def _resume_in_child(run_dir: Path, mode: str, kill_at: int | None) -> int:
 
 
 def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tiny_pickle, tmp_path):
-    config = small_config(tmp_path, *tiny_pickle)
+    # Evaluations every 3 rounds flush rows that the checkpoints (every 4) have not yet covered.
+    config = small_config(tmp_path, *tiny_pickle, "training.eval_every=3")
     reference = tmp_path / "reference"
     runner.run(config, run_dir=reference, progress=False, echo=quiet)
     run_dir = tmp_path / "killed"
     runner.run(config, run_dir=run_dir, progress=False, stop_after=4, echo=quiet)
 
     rng = random.Random(20261123)
-    for _ in range(2):  # killed after a random number of further rounds
-        done = int(torch.load(run_dir / "checkpoint.pt", weights_only=True)["round"])
-        assert _resume_in_child(run_dir, "plain", rng.randint(done + 1, 23)) == signal.SIGKILL
+    rows_past_checkpoint = []
+    for _ in range(3):  # killed as a random later round begins
+        kill_at = rng.randint(_checkpoint_round(run_dir) + 1, 24)
+        assert _resume_in_child(run_dir, "round", kill_at) == signal.SIGKILL
+        assert _checkpoint_round(run_dir) < kill_at
+        rows_past_checkpoint.append(_rounds_written(run_dir) - _checkpoint_round(run_dir))
+    # The seeded draws include a kill that left rows on disk past the last checkpoint.
+    assert max(rows_past_checkpoint) > 0, rows_past_checkpoint
     # Killed while writing a checkpoint: the half-written file must not be used.
-    assert _resume_in_child(run_dir, "die-in-checkpoint", None) == signal.SIGKILL
+    before = _checkpoint_round(run_dir)
+    assert _resume_in_child(run_dir, "in-checkpoint") == signal.SIGKILL
     assert (run_dir / "checkpoint.pt.tmp").exists()
+    assert _checkpoint_round(run_dir) == before
 
     runner.resume(run_dir, progress=False, echo=quiet)
     got = rows(run_dir)
