@@ -3,10 +3,11 @@
 Each call runs :func:`shuffle_opacus.cli.main` in-process and must either succeed (status 0,
 output on stdout) or fail cleanly: status 2, exactly one line on stderr that starts with the
 program name, no traceback. Expensive requests must be refused by the work limits before any
-computation starts (their timings are measured in benchmarks/limits.py, not here). A few calls go through a subprocess to check the installed entry point as a user
-meets it. Values tried: negative, zero, NaN, infinities, huge, subnormal and non-numeric, plus
-missing, extraneous, repeated and conflicting flags; a derandomised hypothesis search adds
-random argument lists over the same vocabulary.
+computation starts (their timings are measured in benchmarks/limits.py, not here). A few calls
+go through a subprocess to check the installed entry point as a user meets it. Values tried:
+negative, zero, NaN, infinities, huge, subnormal and non-numeric, plus missing, extraneous,
+repeated and conflicting flags; a derandomised hypothesis search adds random argument lists
+over the same vocabulary.
 """
 
 from __future__ import annotations
