@@ -160,13 +160,19 @@ def refused(reply: Message) -> str:
     return reply.error.reason
 
 
-def test_floor_refuses_less_noise_and_does_not_train():
-    calls = []
+def recording_update():
+    """A training step that returns the weights it received and records the node that ran it."""
+    calls: list[int] = []
 
     def update(pid, received):
         calls.append(pid)
         return received
 
+    return calls, update
+
+
+def test_floor_refuses_less_noise_and_does_not_train():
+    calls, update = recording_update()
     app = numpy_app(update, min_noise_multiplier=0.8)
     reason = refused(run(app, model(), privacy(0.79)))
     assert "below this node's floor 0.8" in reason
@@ -187,12 +193,7 @@ def test_floor_refuses_less_noise_and_does_not_train():
 
 def test_noiseless_instructions_refused_by_default():
     """A floor of 0 does not let a server switch the noise off: σ = 0 needs allow_noiseless."""
-    calls = []
-
-    def update(pid, received):
-        calls.append(pid)
-        return received
-
+    calls, update = recording_update()
     app = numpy_app(update, mod=LocalShuffleDPMod(min_noise_multiplier=0.0))
     assert "noise_multiplier must be a finite number > 0" in refused(
         run(app, model(), privacy(0.0))
@@ -203,12 +204,7 @@ def test_noiseless_instructions_refused_by_default():
 
 def test_handshake_echoes_without_training():
     """The start-up check: the echo (or a refusal) only; the training code never runs."""
-    calls = []
-
-    def update(pid, received):
-        calls.append(pid)
-        return received
-
+    calls, update = recording_update()
     app = numpy_app(update, min_noise_multiplier=0.8)
     cfg = privacy(1.0)
     reply = run(app, model(), cfg, extra={"shuffle-dp.handshake": True})
