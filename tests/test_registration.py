@@ -1,4 +1,9 @@
-"""``import shuffle_opacus`` registers the accountants whatever the import order, idempotently."""
+"""``import shuffle_opacus`` registers the accountants whatever the import order, idempotently.
+
+Each scenario needs a fresh interpreter. The fixture ``finished`` starts all of them together
+(most of their time is importing torch and opacus, which overlaps on two cores); each test then
+waits for and checks its own.
+"""
 
 from __future__ import annotations
 
@@ -34,29 +39,17 @@ ORDERS = {
 }
 
 
-@pytest.mark.parametrize("order", sorted(ORDERS))
-def test_registration(order):
-    code = ORDERS[order] + CHECK
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+NO_TORCH = (
+    "import sys, shuffle_opacus\n"
+    "assert 'torch' not in sys.modules and 'opacus' not in sys.modules\n"
+    "assert callable(shuffle_opacus.calibrate_noise_multiplier)\n"
+    "assert 'torch' not in sys.modules\n"
+    "shuffle_opacus.make_private\n"
+    "assert 'torch' in sys.modules\n"
+)
 
-
-def test_package_import_does_not_import_torch():
-    code = (
-        "import sys, shuffle_opacus\n"
-        "assert 'torch' not in sys.modules and 'opacus' not in sys.modules\n"
-        "assert callable(shuffle_opacus.calibrate_noise_multiplier)\n"
-        "assert 'torch' not in sys.modules\n"
-        "shuffle_opacus.make_private\n"
-        "assert 'torch' in sys.modules\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-
-
-def test_a_foreign_accountant_under_our_name_is_left_alone():
-    code = textwrap.dedent(
-        """
+FOREIGN = textwrap.dedent(
+    """
         import warnings
         from opacus.accountants import RDPAccountant, register_accountant, create_accountant
         register_accountant("shuffle", RDPAccountant)
@@ -67,6 +60,47 @@ def test_a_foreign_accountant_under_our_name_is_left_alone():
         assert any("did not replace" in str(w.message) for w in caught), caught
         assert create_accountant("shuffled_checkin").mechanism() == "shuffled_checkin"
         """
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+)
+
+SCRIPTS = {
+    **{order: code + CHECK for order, code in ORDERS.items()},
+    "no torch": NO_TORCH,
+    "foreign": FOREIGN,
+}
+
+
+@pytest.fixture(scope="module")
+def finished():
+    """Start every scenario at once; return a function that waits for one and gives its
+    stderr when it failed (``None`` when it exited 0)."""
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, code in SCRIPTS.items()
+    }
+
+    def failure(name: str) -> str | None:
+        _, err = procs[name].communicate(timeout=300)
+        return None if procs[name].returncode == 0 else err
+
+    yield failure
+    for proc in procs.values():  # scenarios whose test was deselected
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.parametrize("order", sorted(ORDERS))
+def test_registration(finished, order):
+    assert finished(order) is None
+
+
+def test_package_import_does_not_import_torch(finished):
+    assert finished("no torch") is None
+
+
+def test_a_foreign_accountant_under_our_name_is_left_alone(finished):
+    assert finished("foreign") is None
