@@ -146,12 +146,19 @@ def check_orders(orders: object) -> np.ndarray:
     """
     arr = np.atleast_1d(np.asarray(orders, dtype=float))
     if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"orders must be a non-empty list of integers >= 2. Found {orders!r}.")
+        raise ValueError(
+            f"orders must be a non-empty list of integers >= 2. Found {_one_line(orders)}."
+        )
     if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)) or np.any(arr < 2):
-        raise ValueError(f"orders must be integers >= 2. Found {orders!r}.")
+        raise ValueError(f"orders must be integers >= 2. Found {_one_line(orders)}.")
     if np.any(arr > MAX_ORDER):
         raise ValueError(
             f"orders must be integers in [2, {MAX_ORDER}] (the work grows as the square of the "
             f"largest order). Found {int(arr.max())}."
         )
     return np.unique(arr.astype(np.int64))
+
+
+def _one_line(value: object) -> str:
+    """``repr(value)`` on one line (numpy wraps long array reprs over several)."""
+    return " ".join(repr(value).split())

@@ -48,7 +48,7 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
 from ._validation import check_delta, check_int, check_probability, check_sigma
 from .limits import MAX_ORDER, charge, largest_within, rdp_stage_seconds, report_progress
-from .pld.common import compose_plds
+from .pld.common import PLD_ACCOUNTING_SYMMETRISED, compose_plds
 from .pld.gaussian import pld_discretization, pld_tail, shuffle_gaussian_pld
 from .rdp.central import gaussian_rdp, poisson_subsampled_gaussian_rdp
 from .rdp.checkin import checkin_rdp
@@ -605,7 +605,7 @@ def compute_epsilon(
             steps=steps,
             parameters=setting.as_dict(),
             kind="pld",
-            accounting="privacy loss distribution (dp_accounting, pessimistic)",
+            accounting=PLD_ACCOUNTING_SYMMETRISED,
             neighbouring=mech.neighbouring,
             extra={"discretization": discretization, "tail": tail},
         )

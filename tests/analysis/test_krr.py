@@ -299,3 +299,27 @@ def test_reported_neglected_mass_covers_what_is_left_out(adversary):
     for total in totals:
         assert total + neglected >= 1 - 1e-12
         assert total <= 1 + 1e-12
+
+
+@pytest.mark.parametrize("adversary", KRR_ADVERSARIES)
+@pytest.mark.parametrize(("n", "k", "gamma"), [(3, 3, Fraction(1, 4)), (5, 2, Fraction(2, 3))])
+def test_pair_is_symmetric_so_orientations_need_no_symmetrisation(adversary, n, k, gamma):
+    # Replace-one with adaptive queries may swap the roles of x_n = 1 and x_n = 2 from one
+    # round to the next. Swapping the labels 1 and 2 maps each view under X to one under X'
+    # with the same mass, so H(P || Q) = H(Q || P) for the exact views ...
+    for pattern in ("same", "mixed"):
+        p, q, _ = brute_views(n, k, gamma, _inputs(n, k, pattern), adversary)
+        for eps in EPS_GRID:
+            forward = float(np.maximum(p - math.exp(eps) * q, 0).sum())
+            backward = float(np.maximum(q - math.exp(eps) * p, 0).sum())
+            assert forward == pytest.approx(backward, rel=1e-12, abs=1e-15)
+    # ... so each of the module's two PMFs, on its own, bounds both orientations of a round,
+    # and composing it covers every mix of orientations (the two PMFs differ only in how a loss
+    # of exactly 0 rounds).
+    pld = krr_pld(n=n, k=k, gamma=float(gamma), adversary=adversary, discretization=DISC)
+    for pattern in ("same", "mixed"):
+        p, q, _ = brute_views(n, k, gamma, _inputs(n, k, pattern), adversary)
+        for eps in EPS_GRID:
+            exact = hockey(p, q, eps)
+            for pmf in (pld._pmf_remove, pld._pmf_add):  # noqa: SLF001
+                assert pmf.get_delta_for_epsilon(eps) >= exact - 1e-12

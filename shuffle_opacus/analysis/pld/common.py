@@ -18,6 +18,8 @@ from .._validation import check_delta, check_int, check_nonnegative, check_posit
 from ..results import AccountingResult
 
 __all__ = [
+    "PLD_ACCOUNTING",
+    "PLD_ACCOUNTING_SYMMETRISED",
     "DEFAULT_DISCRETIZATION",
     "DEFAULT_TAIL",
     "check_discretization",
@@ -27,6 +29,20 @@ __all__ = [
     "compose_plds",
     "pld_results",
 ]
+
+PLD_ACCOUNTING = (
+    "privacy loss distribution (dp_accounting; an upper bound in exact arithmetic, "
+    "floating-point rounding not bounded)"
+)
+"""How PLD results describe themselves: every truncation and discretisation is pessimistic and
+bounded, but the floating-point rounding of the masses and of ``dp_accounting``'s FFT
+compositions is not (it is of the order of 1e-11 of the mass per round, see docs/maths.md)."""
+
+PLD_ACCOUNTING_SYMMETRISED = (
+    "privacy loss distribution of the symmetrised pair (dp_accounting; an upper bound in exact "
+    "arithmetic, floating-point rounding not bounded)"
+)
+"""The same for the shuffle Gaussian's PLD, built from one pair that covers both orientations."""
 
 DEFAULT_DISCRETIZATION = 1e-4
 """Default loss grid step of the PLDs."""
@@ -206,7 +222,7 @@ def pld_results(
                 steps=count,
                 parameters=parameters,
                 kind="pld",
-                accounting="privacy loss distribution (dp_accounting, pessimistic)",
+                accounting=PLD_ACCOUNTING,
                 neighbouring="replace-one user",
                 extra={"tail": tail},
             )

@@ -25,6 +25,23 @@ expectations under ``Q`` of **convex** functions of ``S``:
 
     H_alpha(P || Q) = E_Q[(1 + S/n - alpha)_+],   H_alpha(Q || P) = E_Q[(1 - alpha (1 + S/n))_+].
 
+**Replace-one and adaptive orientations.** The pair is asymmetric, and under replace-one a
+round's query may put the other users at either of the differing user's two values, chosen from
+what was released so far: each round is ``(P, Q)`` or ``(Q, P)``, adaptively. Composing each
+orientation on its own does not cover such mixes. Every round is therefore represented by one
+*symmetrised* pair whose privacy profile is ``max(H(P || Q), H(Q || P))`` at every real eps
+(the profile of ``min(f, f^-1)**``, Dong, Roth & Su, arXiv:1905.02383), which dominates both
+orientations; its PMF is composed for both adjacency directions (a symmetric
+``PrivacyLossDistribution``), and by Zhu, Dong & Wang (arXiv:2106.08567, Theorem 10) the product
+dominates every adaptive mix. docs/maths.md gives the argument.
+
+**Two engines for the law of S.** Rounds with many reports use the uniform lattice below. Rounds
+with few reports (at most :data:`GEOMETRIC_MAX_TERMS`, or up to
+:data:`GEOMETRIC_FALLBACK_TERMS` when the lattice's step would exceed
+:data:`COARSE_LATTICE_STEP`) put each report's ratio ``W`` and every partial sum on a geometric
+grid instead (:func:`_geometric_pair`): the same mean-preserving spread, so the same convex-order
+domination, but resolving both ``W`` near 0 and ``W`` near ``e^{a x_max}``.
+
 **Convex order instead of rounding up.** Each term is moved to a lattice of step ``h`` (``1/h``
 an integer) by splitting its mass between the two neighbouring lattice points so that its mean is
 kept (the "hat" kernel). That is a mean-preserving spread, so the lattice term dominates ``Z``
@@ -62,8 +79,10 @@ Algorithm 1, ``dp_accounting``'s ``create_pmf_pessimistic_connect_dots_fixed_gap
 convex in ``e^eps``, so its chords lie above it and the PMF dominates the lattice pair. Its error
 is second order in ``d``.
 
-Floating-point rounding of the FFT convolutions is not bounded rigorously (as in
-``dp_accounting``'s own compositions); negative FFT noise is set to zero.
+Floating-point rounding (of the kernel masses and of the FFT convolutions, here and in
+``dp_accounting``'s compositions) is not bounded; negative FFT noise is set to zero. Measured as
+the defect of the pair's total masses it is at most a few 1e-11 per round. Results say so: "an
+upper bound in exact arithmetic, floating-point rounding not bounded".
 """
 
 from __future__ import annotations
@@ -78,6 +97,7 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from scipy import signal
 from scipy.special import logsumexp, ndtr, ndtri
+from scipy.stats import binom
 
 from .._validation import (
     check_delta,
@@ -93,16 +113,31 @@ __all__ = [
     "ShuffleGaussianPair",
     "shuffle_gaussian_pair",
     "shuffle_gaussian_pld",
+    "symmetric_pmf",
     "shuffle_gaussian_delta",
     "shuffle_gaussian_epsilon",
     "pld_discretization",
     "pld_tail",
     "MAX_LATTICE_POINTS",
     "MAX_GRID_POINTS",
+    "GEOMETRIC_MAX_TERMS",
+    "GEOMETRIC_FALLBACK_TERMS",
 ]
 
 #: Largest lattice for one report's term (and for the sum); about 64 MB per array.
 MAX_LATTICE_POINTS = 1 << 23
+#: Rounds of at most this many reports use the geometric grid (engine ``geometric``).
+GEOMETRIC_MAX_TERMS = 12
+#: ... and up to this many when the lattice's step would exceed COARSE_LATTICE_STEP.
+GEOMETRIC_FALLBACK_TERMS = 64
+#: Lattice step (in units of one report's ratio) above which few reports use the geometric grid.
+COARSE_LATTICE_STEP = 0.05
+#: Grid points across one report's range for a single report (engine ``geometric``).
+GEOMETRIC_POINTS = 8000
+#: Largest log-step of the geometric grid.
+_GEOMETRIC_MAX_STEP = 0.02
+#: Rows of the outer sum handled at once by the geometric engine (bounds its memory).
+_ROW_BLOCK = 256
 #: Largest loss grid of one round's PMF.
 MAX_GRID_POINTS = 4_000_000
 #: Extra variance the lattice may add to S, relative to Var(S), by default.
@@ -117,19 +152,23 @@ _GRID_PER_SD = 256
 
 @dataclass(frozen=True)
 class ShuffleGaussianPair:
-    """The lattice pair that dominates one round of the shuffle Gaussian.
+    """A discrete pair that dominates one round of the shuffle Gaussian, both orientations.
 
-    ``Q~`` puts mass ``masses[i]`` on ``s_i = (offset + i) * step``; ``P~`` puts
-    ``(1 + s_i / n) masses[i]`` there; each direction adds its infinity mass.
+    ``Q~`` puts mass ``masses[i]`` on the likelihood ratio ``ratios[i]`` (ascending, ``>= 0``);
+    ``P~`` puts ``ratios[i] * masses[i]`` there; the remove direction adds ``infinity_remove``
+    (mass of ``P~`` at loss ``+inf``), the add direction ``infinity_add`` (mass of ``Q~`` there).
 
     Attributes:
         n: Population (the ``n`` of the ratio ``1 + S/n``).
         terms: Number of terms ``N`` in ``S``.
         rate: Check-in rate of each term (1 for ``full`` and ``subsampled``).
         sigma: The paper's sigma.
-        step: Lattice step ``h`` of ``S``.
-        offset: Lattice index of ``masses[0]``.
-        masses: ``Q~`` on the lattice.
+        engine: ``"lattice"`` (``S`` on a uniform lattice, FFT convolutions) or ``"geometric"``
+            (each sum of reports on a geometric grid, for few terms; see the module docstring).
+        step: Lattice step ``h`` of ``S`` (``lattice``) or log-step ``s`` of the grid
+            (``geometric``).
+        ratios: Likelihood ratios ``1 + s/n`` of the support, ascending.
+        masses: ``Q~`` on ``ratios``.
         infinity_remove: Mass at loss ``+inf`` of ``P~`` (``H(P || Q)`` direction).
         infinity_add: Mass at loss ``+inf`` of ``Q~`` (``H(Q || P)`` direction).
         x_max: Where each report's coordinate was cut.
@@ -139,8 +178,9 @@ class ShuffleGaussianPair:
     terms: int
     rate: float
     sigma: float
+    engine: str
     step: float
-    offset: int
+    ratios: np.ndarray
     masses: np.ndarray
     infinity_remove: float
     infinity_add: float
@@ -148,39 +188,51 @@ class ShuffleGaussianPair:
 
     @property
     def sums(self) -> np.ndarray:
-        """The lattice values ``s_i`` of ``S``."""
-        return (self.offset + np.arange(self.masses.size)) * self.step
+        """The values ``s_i = n (ratio_i - 1)`` of ``S``."""
+        return self.n * (self.ratios - 1.0)
 
-    @property
-    def ratios(self) -> np.ndarray:
-        """The likelihood ratios ``1 + s_i / n`` (never negative)."""
-        return np.maximum(1.0 + self.sums / self.n, 0.0)
+    @functools.cached_property
+    def _suffix(self) -> tuple[np.ndarray, np.ndarray]:
+        m = self.masses
+        return (
+            np.concatenate([np.cumsum(m[::-1])[::-1], [0.0]]),
+            np.concatenate([np.cumsum((m * self.ratios)[::-1])[::-1], [0.0]]),
+        )
+
+    @functools.cached_property
+    def _prefix(self) -> tuple[np.ndarray, np.ndarray]:
+        m = self.masses
+        return (
+            np.concatenate([[0.0], np.cumsum(m)]),
+            np.concatenate([[0.0], np.cumsum(m * self.ratios)]),
+        )
 
     def delta_remove(self, eps: np.ndarray | float) -> np.ndarray:
-        """``H_{e^eps}(P~ || Q~)``: ``sum_s Q~(s) (1 + s/n - e^eps)_+`` plus infinity mass."""
+        """``H_{e^eps}(P~ || Q~)``: ``sum Q~ (ratio - e^eps)_+`` plus infinity mass (any eps)."""
         eps = np.atleast_1d(np.asarray(eps, dtype=float))
-        s = self.sums
-        m = self.masses
-        # Suffix sums: above a threshold t, sum m (s - t) / n.
-        mass_above = np.concatenate([np.cumsum(m[::-1])[::-1], [0.0]])
-        first_above = np.concatenate([np.cumsum((m * s)[::-1])[::-1], [0.0]])
-        threshold = self.n * np.expm1(eps)
-        k = np.searchsorted(s, threshold, side="right")
-        value = (first_above[k] - threshold * mass_above[k]) / self.n
+        mass_above, first_above = self._suffix
+        alpha = np.exp(eps)
+        k = np.searchsorted(self.ratios, alpha, side="right")
+        value = first_above[k] - alpha * mass_above[k]
         return np.clip(value, 0.0, None) + self.infinity_remove
 
     def delta_add(self, eps: np.ndarray | float) -> np.ndarray:
-        """``H_{e^eps}(Q~ || P~)``: ``sum_s Q~(s) (1 - e^eps (1 + s/n))_+`` plus infinity mass."""
+        """``H_{e^eps}(Q~ || P~)``: ``sum Q~ (1 - e^eps ratio)_+`` plus infinity mass (any eps)."""
         eps = np.atleast_1d(np.asarray(eps, dtype=float))
-        s = self.sums
-        m = self.masses
-        mass_below = np.concatenate([[0.0], np.cumsum(m)])
-        first_below = np.concatenate([[0.0], np.cumsum(m * s)])
+        mass_below, first_below = self._prefix
         alpha = np.exp(eps)
-        threshold = self.n * np.expm1(-eps)  # (1 - alpha (1 + s/n)) > 0  <=>  s < threshold
-        k = np.searchsorted(s, threshold, side="left")
-        value = alpha / self.n * (threshold * mass_below[k] - first_below[k])
+        k = np.searchsorted(self.ratios, np.exp(-eps), side="left")
+        value = mass_below[k] - alpha * first_below[k]
         return np.clip(value, 0.0, None) + self.infinity_add
+
+    def delta_symmetric(self, eps: np.ndarray | float) -> np.ndarray:
+        """Privacy profile of the symmetrised pair: the larger of the two directions at ``eps``.
+
+        Valid at every real ``eps``: this is the profile of the trade-off function
+        ``min(f, f^-1)**`` (the symmetrisation of Dong, Roth & Su, arXiv:1905.02383, through
+        the conjugacy ``(min(f, g))* = max(f*, g*)``), which dominates both orientations.
+        """
+        return np.maximum(self.delta_remove(eps), self.delta_add(eps))
 
     def loss_sd(self) -> float:
         """Return the sd of the remove-direction privacy loss ``log(1 + S/n)`` under ``P~``."""
@@ -416,36 +468,249 @@ def pld_tail(delta: float, rounds: int) -> float:
     return 10.0 ** math.floor(math.log10(min(1e-13, 1e-3 * delta / rounds)))
 
 
-@functools.lru_cache(maxsize=32)
-def _cached_pair(
+def _geometric_term(a: float, x_max: float, step: float) -> tuple[int, np.ndarray, float]:
+    """One report's ratio ``W = e^{a x - a^2/2}`` (cut at ``x <= x_max``) on a geometric grid.
+
+    The grid is ``{0} U {e^{k step}: k0 <= k <= k1}``; the mass of ``W`` between two neighbouring
+    points is split between them so that its mean is kept (as in :func:`_term_lattice`, with
+    ``E[W 1{x <= t}] = Phi(t - a)``), so the grid term dominates ``W`` in the convex order.
+
+    Returns:
+        ``(k0, masses, zero)``: the masses on ``e^{(k0 + i) step}`` and the mass at 0.
+    """
+    k0 = math.floor((-a * x_max - a * a / 2.0) / step)
+    k1 = math.ceil((a * x_max - a * a / 2.0) / step)
+    logs = np.arange(k0, k1 + 1) * step
+    points = np.concatenate([[0.0], np.exp(logs)])
+    t = np.minimum(np.concatenate([[-np.inf], (logs + a * a / 2.0) / a]), x_max)
+    lo, hi = t[:-1], t[1:]
+    prob = _interval(lo, hi)
+    first = _interval(lo - a, hi - a)  # E[W; interval]
+    width = points[1:] - points[:-1]
+    masses = np.zeros(points.size)
+    masses[:-1] += np.clip((points[1:] * prob - first) / width, 0.0, None)
+    masses[1:] += np.clip((first - points[:-1] * prob) / width, 0.0, None)
+    return k0, masses[1:], float(masses[0])
+
+
+def _trim(
+    part: tuple[int, np.ndarray, float], step: float, *, n: int, count: int, budget: float
+) -> tuple[tuple[int, np.ndarray, float], float, float]:
+    """Drop the outermost grid points of a partial sum of ``count`` reports, within a budget.
+
+    Dropping the event "the partial sum ``Y`` lands on a dropped point" costs its ``Q`` mass
+    ``q`` and its ``P`` mass ``E_Q[R; event] <= (sum q y + q (n - count)) / n`` (the remaining
+    reports add at most their mean, 1 each, to ``n R = Y + rest + n - N``). Points are dropped
+    from each end while the sum of both costs stays within ``budget / 2`` per end.
+
+    Returns:
+        The kept part and the ``Q`` and ``P`` masses dropped.
+    """
+    k0, masses, zero = part
+    values = np.exp((k0 + np.arange(masses.size)) * step)
+    cost_q = masses
+    cost_p = masses * (values + (n - count)) / n
+    cost = cost_q + cost_p
+    lo = int(np.searchsorted(np.cumsum(cost), budget / 2.0, side="right"))
+    hi = masses.size - int(np.searchsorted(np.cumsum(cost[::-1]), budget / 2.0, side="right"))
+    if hi <= lo:
+        return part, 0.0, 0.0
+    dropped_q = float(cost_q[:lo].sum() + cost_q[hi:].sum())
+    dropped_p = float(cost_p[:lo].sum() + cost_p[hi:].sum())
+    return (k0 + lo, masses[lo:hi].copy(), zero), dropped_q, dropped_p
+
+
+def _geometric_add(
+    y: tuple[int, np.ndarray, float], w: tuple[int, np.ndarray, float], step: float
+) -> tuple[int, np.ndarray, float]:
+    """Law of ``Y + W`` for independent ``Y``, ``W`` on the geometric grid, spread back onto it.
+
+    With ``y_i = e^{(ky + i) s}`` and ``w_j = e^{(kw + j) s}``, ``y_i + w_j = y_i (1 + e^{d s})``
+    with ``d = kw + j - ky - i``: its grid cell ``i + f(d)`` and its split between the cell's two
+    ends depend on ``d`` only, so they are computed once per ``d``. Each sum's mass is split
+    between the two neighbouring grid points keeping its mean (a mean-preserving spread).
+    """
+    if y[0] > w[0]:
+        y, w = w, y
+    ky, qy, zy = y
+    kw, qw, zw = w
+    d_min = kw - (ky + qy.size - 1)
+    d = np.arange(d_min, kw + qw.size - ky)
+    log_ratio = np.logaddexp(0.0, d * step)  # log(1 + e^{d s})
+    f = np.floor(log_ratio / step).astype(np.int64)
+    frac = np.clip(np.expm1(log_ratio - f * step) / math.expm1(step), 0.0, 1.0)
+    size = qy.size + int(f.max()) + 2
+    out = np.zeros(size)
+    j = np.arange(qw.size)
+    for start in range(0, qy.size, _ROW_BLOCK):
+        i = np.arange(start, min(qy.size, start + _ROW_BLOCK))[:, None]
+        index = (kw + j[None, :]) - (ky + i) - d_min
+        cell = (i + f[index]).ravel()
+        mass = (qy[i] * qw[None, :]).ravel()
+        up = frac[index].ravel() * mass
+        out += np.bincount(cell, weights=mass - up, minlength=size)
+        out += np.bincount(cell + 1, weights=up, minlength=size)
+    # Atoms at zero: 0 + w = w (cells kw - ky + j), y + 0 = y, 0 + 0 = 0.
+    out[kw - ky : kw - ky + qw.size] += zy * qw
+    out[: qy.size] += zw * qy
+    nonzero = np.flatnonzero(out)
+    first, last = int(nonzero[0]), int(nonzero[-1])
+    return ky + first, out[first : last + 1].copy(), zy * zw
+
+
+def _geometric_pair(
     n: int, terms: int, gamma: float, sigma: float, tail: float, spread: float
 ) -> ShuffleGaussianPair:
+    """Build the pair of a round with few reports, their sum on a geometric grid.
+
+    ``1 + S/n = (Y + n - K) / n`` with ``K`` the number of reports and ``Y`` the sum of their
+    ratios ``W``: ``K = N`` for ``full`` and ``subsampled``, ``K ~ Binomial(N, gamma)`` for
+    check-in (the law of ``Y`` given ``K = k`` is that of ``k`` reports, so the pair is the
+    binomial mixture of the ``k``-report pairs). ``Y_k = Y_{k-1} + W`` is spread back onto the
+    geometric grid after each addition (mean kept: convex order); the outermost points are dropped
+    within a budget and their masses added to both infinity masses.
+    """
     a = 1.0 / sigma
-    # 1. the report coordinate: every term above x_max has Q-probability gamma Phi(-x_max).
-    # Under P the differing report is shifted by a, so the same cut weighs Phi(a - x_max); it
-    # is kept below 25 tail (it is added to delta as it is).
-    x_max = float(-ndtri(tail / 4.0 / (gamma * terms)))
+    x_max, infinity_add, infinity_remove = _report_cut(a, gamma, terms, n, tail)
+    # About GEOMETRIC_POINTS / sqrt(N) points across one report's range 2 a x_max: the grid's
+    # error is second order in the step and grows with the number of additions; the cost is
+    # N times the square of the grid size. ``spread`` scales the step like the lattice's.
+    points = GEOMETRIC_POINTS / math.sqrt(terms) * math.sqrt(DEFAULT_SPREAD / spread)
+    step = min(_GEOMETRIC_MAX_STEP, 2.0 * a * x_max / points)
+    budget = tail / 8.0 / terms
+    # One report's term, trimmed; every report of the round uses it, so its cost counts N times.
+    term, dropped_q, dropped_p = _trim(
+        _geometric_term(a, x_max, step), step, n=n, count=1, budget=budget / terms
+    )
+    infinity_add += terms * dropped_q
+    infinity_remove += terms * dropped_p
+    sums = [term]
+    for count in range(2, terms + 1):
+        part, dropped_q, dropped_p = _trim(
+            _geometric_add(sums[-1], term, step), step, n=n, count=count, budget=budget
+        )
+        infinity_add += dropped_q
+        infinity_remove += dropped_p
+        sums.append(part)
+    if gamma == 1.0:
+        weights = {terms: 1.0}
+    else:
+        counts = np.arange(terms + 1)
+        weights = dict(zip(counts.tolist(), binom.pmf(counts, terms, gamma).tolist(), strict=True))
+    ratios = []
+    masses_out = []
+    for count, weight in weights.items():
+        if weight <= 0.0:
+            continue
+        if count == 0:
+            ratios.append(np.array([1.0]))
+            masses_out.append(np.array([weight]))
+            continue
+        k0, masses, zero = sums[count - 1]
+        values = np.concatenate([[0.0], np.exp((k0 + np.arange(masses.size)) * step)])
+        ratios.append((values + (n - count)) / n)
+        masses_out.append(weight * np.concatenate([[zero], masses]))
+    r = np.concatenate(ratios)
+    q = np.concatenate(masses_out)
+    order = np.argsort(r, kind="stable")
+    return _frozen_pair(
+        n=n,
+        terms=terms,
+        rate=gamma,
+        sigma=sigma,
+        engine="geometric",
+        step=step,
+        ratios=r[order],
+        masses=q[order],
+        infinity_remove=infinity_remove,
+        infinity_add=infinity_add,
+        x_max=x_max,
+    )
+
+
+def _report_cut(
+    a: float, gamma: float, terms: int, n: int, tail: float
+) -> tuple[float, float, float]:
+    """Cut of each report's coordinate at ``x_max``, and the masses of "some report was cut".
+
+    Every term above ``x_max`` has ``Q``-probability ``gamma Phi(-x_max)``, kept at ``tail/4`` in
+    all; under ``P`` the differing report is shifted by ``a``, so the same cut weighs about
+    ``gamma Phi(a - x_max)``, kept below ``25 tail`` (both are added to delta as they are).
+
+    Returns:
+        ``(x_max, infinity_add, infinity_remove)``: the cut, its ``Q`` mass and its ``P`` mass.
+    """
+    # min(0.5, .): a tiny gamma * terms would ask for a quantile above 1 (NaN).
+    x_max = float(-ndtri(min(0.5, tail / 4.0 / (gamma * terms))))
     x_max = max(x_max, a - float(ndtri(min(0.5, 25.0 * tail / gamma))), a / 2.0 + 1.0)
     p_cut = gamma * _survival(x_max)
     mean_cut = -gamma * (_survival(x_max - a) - _survival(x_max))  # E[Z; kept] <= 0
     log_keep = terms * math.log1p(-p_cut)
     infinity_add = -math.expm1(log_keep)
     kept_p = math.exp((terms - 1) * math.log1p(-p_cut)) * ((1.0 - p_cut) + terms / n * mean_cut)
-    infinity_remove = max(0.0, 1.0 - kept_p)
-    # 2. the lattice: fine enough that the sum's window has about LATTICE_TARGET points, and
-    # never so coarse that it adds more than spread * Var(S) to the variance of S.
+    return x_max, infinity_add, max(0.0, 1.0 - kept_p)
+
+
+def _frozen_pair(**fields: object) -> ShuffleGaussianPair:
+    for name in ("ratios", "masses"):
+        fields[name] = np.ascontiguousarray(fields[name], dtype=float)
+        fields[name].setflags(write=False)  # type: ignore[attr-defined]
+    for name in ("infinity_remove", "infinity_add"):
+        fields[name] = min(1.0, float(fields[name]))  # type: ignore[arg-type]
+    return ShuffleGaussianPair(**fields)  # type: ignore[arg-type]
+
+
+def _lattice_step(
+    a: float, gamma: float, terms: int, x_max: float, spread: float
+) -> tuple[float | None, float]:
+    """Step ``h`` of the uniform lattice of ``S`` (``1/h`` an integer), or ``None`` if above 1.
+
+    Fine enough that the sum's window has about ``LATTICE_TARGET`` points, and never so coarse
+    that it adds more than ``spread * Var(S)`` to the variance of ``S``; at least the largest
+    ratio over ``MAX_LATTICE_POINTS``.
+
+    Returns:
+        ``(step or None, w_max)`` with ``w_max`` the largest ratio of one report.
+    """
     variance_w = math.expm1(a * a)
     w_max = math.exp(a * x_max - a * a / 2.0)
     width = min(terms * (w_max + 1.0), w_max + 1.0 + 20.0 * math.sqrt(terms * gamma * variance_w))
     target = min(2.0 * math.sqrt(spread * variance_w), width / LATTICE_TARGET)
     target = max(target, (w_max + 1.0) / MAX_LATTICE_POINTS, 1e-12)
     if target >= 1.0:
+        return None, w_max
+    return 1.0 / math.ceil(1.0 / target), w_max
+
+
+@functools.lru_cache(maxsize=4)  # the PLDs built from a pair have their own cache
+def _cached_pair(
+    n: int, terms: int, gamma: float, sigma: float, tail: float, spread: float
+) -> ShuffleGaussianPair:
+    """Choose the engine: geometric for few reports, or when the lattice would be coarse."""
+    if terms <= GEOMETRIC_MAX_TERMS:
+        return _geometric_pair(n, terms, gamma, sigma, tail, spread)
+    if terms <= GEOMETRIC_FALLBACK_TERMS:
+        x_max = _report_cut(1.0 / sigma, gamma, terms, n, tail)[0]
+        step = _lattice_step(1.0 / sigma, gamma, terms, x_max, spread)[0]
+        if step is None or step > COARSE_LATTICE_STEP:
+            return _geometric_pair(n, terms, gamma, sigma, tail, spread)
+    return _lattice_pair(n, terms, gamma, sigma, tail, spread)
+
+
+def _lattice_pair(
+    n: int, terms: int, gamma: float, sigma: float, tail: float, spread: float
+) -> ShuffleGaussianPair:
+    a = 1.0 / sigma
+    # 1. the report coordinate (see _report_cut).
+    x_max, infinity_add, infinity_remove = _report_cut(a, gamma, terms, n, tail)
+    # 2. the lattice (see _lattice_step).
+    step, w_max = _lattice_step(a, gamma, terms, x_max, spread)
+    if step is None:
         raise ValueError(
-            f"sigma={sigma!r} is too small for the pld method: one report's likelihood ratio "
-            f"reaches {w_max:.3g}, more than the {MAX_LATTICE_POINTS}-point lattice can hold; "
-            f"raise sigma or use an RDP method."
+            f"sigma={sigma!r} is too small for the pld method at n={n}: one report's likelihood "
+            f"ratio reaches {w_max:.3g}, more than the {MAX_LATTICE_POINTS}-point lattice can "
+            f"hold; raise sigma or use an RDP method."
         )
-    step = 1.0 / math.ceil(1.0 / target)
     term = _term_lattice(a, gamma, x_max, step)
     # 3. the rare big values: split the term at u, where two big terms among all N are far
     # less likely than one cut's budget. Then S = (N small terms) + N x (N - 1 small terms and one
@@ -489,17 +754,18 @@ def _cached_pair(
         infinity_add += jp * cut_q + several
         infinity_remove += jp * (cut_p + z_top / n * cut_q) + several
         infinity_remove += terms / n * (big_mean * jp + gamma * several)
-    masses.setflags(write=False)
-    return ShuffleGaussianPair(
+    ratios = np.maximum(1.0 + (offset + np.arange(masses.size)) * step / n, 0.0)
+    return _frozen_pair(
         n=n,
         terms=terms,
         rate=gamma,
         sigma=sigma,
+        engine="lattice",
         step=step,
-        offset=offset,
+        ratios=ratios,
         masses=masses,
-        infinity_remove=min(1.0, infinity_remove),
-        infinity_add=min(1.0, infinity_add),
+        infinity_remove=infinity_remove,
+        infinity_add=infinity_add,
         x_max=x_max,
     )
 
@@ -577,6 +843,33 @@ def _pmf(
     )
 
 
+def _relevant_span(pair: ShuffleGaussianPair, tail: float) -> float | None:
+    """Largest ``|eps|`` at which either direction's finite delta still exceeds ``tail``.
+
+    Each direction's finite part is evaluated at the pair's own support points (``eps = log r``
+    for the remove direction, ``-log r`` for the add direction); above the largest such point
+    where it exceeds ``tail`` it is below ``tail`` (it decreases in eps). ``None`` when the pair
+    has no mass at a positive finite ratio.
+    """
+    r = pair.ratios[(pair.masses > 0) & (pair.ratios > 0)]
+    if r.size == 0:
+        return None
+    with np.errstate(divide="ignore"):
+        losses = np.log(r)
+    remove = pair.delta_remove(losses) - pair.infinity_remove > tail
+    add = pair.delta_add(-losses) - pair.infinity_add > tail
+    top = max(
+        float(losses[remove].max()) if remove.any() else 0.0,
+        float(-losses[add].min()) if add.any() else 0.0,
+    )
+    # One support point further: the finite part is below tail from the next point on.
+    nxt_remove = losses[losses > top]
+    nxt_add = -losses[-losses > top]
+    candidates = [top] + ([float(nxt_remove.min())] if nxt_remove.size else [])
+    candidates += [float(nxt_add.min())] if nxt_add.size else []
+    return max(candidates)
+
+
 def _grid(low: float, high: float, discretization: float) -> tuple[int, np.ndarray]:
     lo = math.floor(low / discretization) - 1
     hi = math.ceil(high / discretization) + 1
@@ -598,11 +891,13 @@ def shuffle_gaussian_pld(
     discretization: float | None = None,
     tail: float = 1e-13,
 ) -> PrivacyLossDistribution:
-    """PLD of ``steps`` rounds of the shuffle Gaussian (plain, subsampled or check-in).
+    """PLD of ``steps`` adaptive rounds of the shuffle Gaussian (plain, subsampled or check-in).
 
-    Both directions (remove: ``log P/Q`` under ``P``; add: ``log Q/P`` under ``Q``) are built from
-    the exact hockey-stick curves of the dominating lattice pair by pessimistic
-    connect-the-dots; see the module docstring for every approximation and its bound.
+    Neighbouring relation: replace one user (the unit of privacy), the other users at a common
+    value, either of the differing user's two values in each round (chosen adaptively). One
+    symmetric PMF per round (:func:`symmetric_pmf`: ``max(H(P || Q), H(Q || P))`` of the
+    dominating pair by pessimistic connect-the-dots) serves both adjacency directions; see the
+    module docstring for every approximation and its bound.
 
     Args:
         n: Number of users (integer >= 1).
@@ -633,14 +928,41 @@ def _cached_pld(
     n: int, sigma: float, rate: float | None, m: int | None, discretization: float, tail: float
 ) -> PrivacyLossDistribution:
     pair = shuffle_gaussian_pair(n=n, sigma=sigma, rate=rate, m=m, tail=tail)
-    ratios = pair.ratios
-    positive = ratios[(pair.masses > 0) & (ratios > 0)]
-    low, high = float(np.log(positive.min())), float(np.log(positive.max()))
-    lo_r, grid_r = _grid(low, high, discretization)
-    remove = _pmf(pair.delta_remove(grid_r), lo_r, discretization, tail / 4.0, pair.infinity_remove)
-    lo_a, grid_a = _grid(-high, -low, discretization)
-    add = _pmf(pair.delta_add(grid_a), lo_a, discretization, tail / 4.0, pair.infinity_add)
-    return PrivacyLossDistribution(remove, add)
+    return PrivacyLossDistribution(symmetric_pmf(pair, discretization, tail / 4.0))
+
+
+def symmetric_pmf(pair: ShuffleGaussianPair, discretization: float, tail: float) -> pld_pmf.PLDPmf:
+    """One PMF whose profile is at least ``max(H(P~ || Q~), H(Q~ || P~))`` at every eps.
+
+    The symmetrised profile (:meth:`ShuffleGaussianPair.delta_symmetric`) is evaluated on the
+    grid ``j d`` of ``[-L, L]``, ``L`` the largest ``|log ratio|`` of the pair, and turned into a
+    PMF by pessimistic connect-the-dots. The grid stops above where the finite part of delta is
+    below ``tail`` (the rest goes to infinity) and starts at the mirror of that point: below its
+    first point a connect-the-dots PMF follows the chord from ``(alpha, delta) = (0, 1)``, which
+    lies above the convex profile, so starting late is pessimistic too.
+
+    Args:
+        pair: The dominating pair of one round.
+        discretization: Loss grid step ``d``.
+        tail: Budget of finite delta moved to infinity at the top of the grid.
+
+    Returns:
+        A ``dp_accounting`` PMF to be used for both adjacency directions.
+
+    Raises:
+        ValueError: if the grid would exceed :data:`MAX_GRID_POINTS`.
+    """
+    span = _relevant_span(pair, tail)
+    if span is None:  # everything at infinity
+        return pld_pmf.DensePLDPmf(discretization, 0, np.zeros(1), 1.0, True)
+    lo, grid = _grid(-span, span, discretization)
+    curve = pair.delta_symmetric(grid)
+    infinity = max(pair.infinity_remove, pair.infinity_add)
+    keep = np.flatnonzero(curve - infinity > tail)
+    top = int(keep[-1]) + 1 if keep.size else -lo
+    bottom = max(0, -2 * lo - top)  # index of -(lo + top) d, the mirror of the top point
+    bottom = min(bottom, max(0, top - 1))
+    return _pmf(curve[bottom:], lo + bottom, discretization, tail, infinity)
 
 
 def _schedule(
