@@ -108,6 +108,35 @@ class ShuffleRoundSampler(Sampler[list[int]], abc.ABC):
             raise AttributeError(f"{name} of a {type(self).__name__} cannot be deleted.")
         super().__delattr__(name)
 
+    def __copy__(self) -> ShuffleRoundSampler:
+        """Copy a sampler that no accountant follows; refuse to copy one that is followed.
+
+        A copy of a followed sampler would release the same rounds a second time.
+
+        Raises:
+            TypeError: if a release hook is attached.
+        """
+        return self._copy()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ShuffleRoundSampler:
+        """As :meth:`__copy__` (the sampler holds no mutable containers to copy deeply).
+
+        Raises:
+            TypeError: if a release hook is attached.
+        """
+        return self._copy()
+
+    def _copy(self) -> ShuffleRoundSampler:
+        if self._release_hook is not None:
+            raise TypeError(
+                f"a {type(self).__name__} that an accountant follows cannot be copied: the copy "
+                f"would release the same rounds (the same check-ins) a second time."
+            )
+        clone = object.__new__(type(self))
+        for key, value in self.__dict__.items():
+            object.__setattr__(clone, key, value)
+        return clone
+
     @property
     def next_round(self) -> int:
         """The round the next iteration starts with (0-based); it only ever grows."""

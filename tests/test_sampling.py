@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections import Counter
@@ -175,3 +176,8 @@ def test_parameters_are_fixed_and_one_release_hook_per_sampler():
     with pytest.raises(ValueError, match="already reports its rounds"):
         s.attach_release_hook(print)
     assert list(s) == [b for _, b in released] and [t for t, _ in released] == [0, 1, 2, 3]
+    with pytest.raises(TypeError, match="would release the same rounds"):
+        copy.deepcopy(s)
+    free = ShuffledCheckInSampler(20, 0.5, 3, seed=1)
+    twin = copy.copy(free)
+    assert list(twin) == list(free) and twin.rate == free.rate
