@@ -12,6 +12,7 @@ Timings use one thread (``torch.set_num_threads(1)``) and report the median of r
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -88,9 +89,12 @@ def training_timings(batch: int = 600) -> None:
             max_grad_norm=0.01,
             noise_mode=mode,
         )
-        x, y = next(iter(loader))
+        # One released round per step (the accountant refuses a step without one); the
+        # batches are drawn before the timing.
+        batches = iter(list(itertools.islice(loader, 8)))
 
-        def one_round(module=module, optimizer=optimizer, x=x, y=y) -> None:
+        def one_round(module=module, optimizer=optimizer, batches=batches) -> None:
+            x, y = next(batches)
             optimizer.zero_grad()
             nn.functional.cross_entropy(module(x), y).backward()
             optimizer.step()

@@ -17,6 +17,16 @@ What the accountant needs and where it comes from:
   (1); see :mod:`shuffle_opacus.protocols`. Analysis sigma = noise_multiplier / sensitivity.
 * ``method``: the core bound; the tightest by default (``exact`` for check-in).
 
+The history and the configuration must agree, whichever comes first: :meth:`configure` refuses
+a history whose sample rates contradict the new configuration (rounds recorded before it
+included), :meth:`load_state_dict` checks a loaded history against the configuration it ends up
+with, and :meth:`get_epsilon` checks the history again (it may have been assigned directly).
+
+With :func:`shuffle_opacus.make_private` the accountant follows the sampler
+(:meth:`ShuffleAccountantBase.local_noise_hook`): a round is recorded when the sampler releases
+it, not when the optimizer steps, so a training loop that skips a round (``if len(x) == 0:
+continue``) cannot leave it out.
+
 The accountants refuse to be attached by :meth:`opacus.PrivacyEngine.make_private`: that adds
 *central* noise (one draw of std ``noise_multiplier * C`` on the sum), for which shuffle-model
 numbers would be far too small. Use :func:`shuffle_opacus.make_private`, which adds the local
@@ -28,7 +38,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from copy import deepcopy
 from typing import Any, ClassVar
 
@@ -36,7 +46,7 @@ from opacus.accountants import IAccountant, register_accountant
 from opacus.accountants import registry as _opacus_registry
 
 from .accounting import history_epsilon
-from .analysis._validation import check_int, check_positive, check_probability
+from .analysis._validation import _real, check_int, check_positive, check_probability
 from .analysis.rdp.conversion import EpsilonResult
 from .protocols import Protocol, protocol_for_accountant, resolve_sensitivity
 
@@ -46,6 +56,7 @@ __all__ = [
     "SubsampledShuffleAccountant",
     "ShuffledCheckInAccountant",
     "ACCOUNTANTS",
+    "HistoryRollbackWarning",
     "register_all",
 ]
 
@@ -53,6 +64,39 @@ _HELPER_HINT = (
     "use shuffle_opacus.make_private(engine, ...) (or shuffle_opacus.make_private_with_epsilon), "
     "which adds each client's local noise and configures the accountant"
 )
+
+
+class HistoryRollbackWarning(UserWarning):
+    """A loaded state holds fewer rounds than the accountant had: epsilon goes back with it."""
+
+
+def _read_history(raw: object) -> list[tuple[float, float, int]]:
+    """Validate a saved history: a sequence of ``(noise_multiplier, sample_rate, steps)``.
+
+    Raises:
+        ValueError: one line naming the first malformed entry.
+    """
+    if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
+        raise ValueError(
+            f"state_dict['history'] must be a list of (noise_multiplier, sample_rate, steps) "
+            f"entries. Found {type(raw).__name__}."
+        )
+    history = []
+    for i, entry in enumerate(raw):
+        where = f"state_dict['history'][{i}]"
+        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 3:
+            raise ValueError(
+                f"{where} must be a (noise_multiplier, sample_rate, steps) triple. Found {entry!r}."
+            )
+        nm, rate, steps = entry
+        history.append(
+            (
+                check_positive(f"{where} noise_multiplier", nm),
+                check_probability(f"{where} sample_rate", rate),
+                check_int(f"{where} steps", steps, minimum=0),
+            )
+        )
+    return history
 
 
 class ShuffleAccountantBase(IAccountant):
@@ -130,7 +174,30 @@ class ShuffleAccountantBase(IAccountant):
                     f"(population, sensitivity, sample_size) = {held}; got "
                     f"{(population, sens, sample_size)}. Use a new PrivacyEngine to change them."
                 )
+        self._check_rates(self.history, population, sample_size)
         return population, sens, method, sample_size
+
+    def _check_rates(
+        self, history: Sequence[tuple[Any, Any, Any]], population: int, sample_size: int | None
+    ) -> None:
+        """Refuse a history whose sample rates contradict a configuration (fixed-size protocols).
+
+        Raises:
+            ValueError: naming the first contradicting rate and the configured one.
+        """
+        spec = self.spec()
+        if not spec.fixed_size:
+            return
+        expected = spec.sample_rate(population=population, sample_size=sample_size)
+        for _, rate, steps in history:
+            value = _real(rate)
+            if steps and (value is None or not math.isclose(value, expected, rel_tol=1e-9)):
+                raise ValueError(
+                    f"the {self.name} accountant holds rounds recorded with sample_rate "
+                    f"{rate!r}, which contradicts its configuration (population={population}, "
+                    f"sample_size={sample_size}: sample rate {expected!r}); record the rounds "
+                    f"with the configured sampling, or use a new accountant."
+                )
 
     def configure(
         self,
@@ -248,6 +315,7 @@ class ShuffleAccountantBase(IAccountant):
                 [], protocol=self.spec(), delta=delta, population=1, max_order=max_order
             )
         self._require_configured("epsilon")
+        self._check_rates(self.history, self.population, self.sample_size)  # type: ignore[arg-type]
         return history_epsilon(
             list(self.history),
             protocol=self.spec(),
@@ -301,18 +369,28 @@ class ShuffleAccountantBase(IAccountant):
         """Restore a :meth:`state_dict`; all checks run before anything changes.
 
         A checkpoint overrides an unconfigured accountant. If this accountant is already
-        configured with a different population, sensitivity or sample size, loading is refused:
-        the checkpoint's epsilon would not describe the current training.
+        configured, loading is refused when the checkpoint's population, sensitivity, sample size
+        or method differs: the checkpoint's epsilon would not describe the current training (to
+        continue with another method, say so first with :meth:`configure`). A checkpoint without
+        a configuration takes this accountant's, and its history must fit it.
+
+        Loading replaces the history, as Opacus's accountants do. Loading a state with fewer
+        rounds than the accountant holds therefore lowers epsilon although the later rounds were
+        released all the same; that is allowed (to restart training from an earlier point) but
+        warned about with :class:`HistoryRollbackWarning`.
 
         Args:
             state_dict: Output of :meth:`state_dict`.
 
         Raises:
-            ValueError: on a missing key, a different mechanism, an invalid entry or a
-                configuration conflict.
+            ValueError: on a missing key, a different mechanism, a malformed history, an invalid
+                entry or a configuration conflict (one line each).
         """
-        if not state_dict:
-            raise ValueError("state_dict is empty; cannot load it into the accountant.")
+        if not isinstance(state_dict, Mapping) or not state_dict:
+            raise ValueError(
+                f"state_dict must be a non-empty mapping saved by {self.name}'s state_dict(). "
+                f"Found {type(state_dict).__name__}."
+            )
         for key in ("history", "mechanism", "population", "sensitivity", "method"):
             if key not in state_dict:
                 raise ValueError(f"state_dict has no key {key!r}; it was not saved by {self.name}.")
@@ -321,10 +399,7 @@ class ShuffleAccountantBase(IAccountant):
                 f"state_dict of mechanism {state_dict['mechanism']!r} cannot be loaded into the "
                 f"{self.name} accountant."
             )
-        history = [
-            (float(nm), float(rate), check_int("steps", steps, minimum=0))
-            for nm, rate, steps in state_dict["history"]
-        ]
+        history = _read_history(state_dict["history"])
         fresh = type(self)()
         if state_dict["population"] is not None:
             fresh.configure(
@@ -342,8 +417,33 @@ class ShuffleAccountantBase(IAccountant):
                         f"sensitivity, sample_size) = {theirs}, but this accountant is "
                         f"configured with {mine}."
                     )
+                if fresh.method != self.method:
+                    raise ValueError(
+                        f"checkpoint of the {self.name} accountant was computed with method "
+                        f"{fresh.method!r}, but this accountant is configured with "
+                        f"{self.method!r}; to switch, call configure(..., method="
+                        f"{fresh.method!r}) before loading."
+                    )
+        elif self.population is not None:
+            fresh.configure(
+                population=self.population,
+                sensitivity=self.sensitivity,
+                method=self.method,
+                sample_size=self.sample_size,
+            )
         for nm, rate, _ in history:
             fresh._check_step(nm, rate)
+        if fresh.population is not None:
+            fresh._check_rates(history, fresh.population, fresh.sample_size)
+        rounds = sum(steps for _, _, steps in history)
+        if rounds < len(self):
+            warnings.warn(
+                f"the {self.name} accountant held {len(self)} rounds and the loaded state "
+                f"{rounds}: epsilon goes back to that state's, although the later rounds were "
+                f"released. Load an earlier state only to train again from it, with new rounds.",
+                HistoryRollbackWarning,
+                stacklevel=2,
+            )
         self.history = history
         if fresh.population is not None:
             self.population = fresh.population
@@ -364,38 +464,81 @@ class ShuffleAccountantBase(IAccountant):
             f"passed to make_private; pass a fresh module.)"
         )
 
-    def local_noise_hook(self) -> Callable[[Any], None]:
-        """Return the step hook for :class:`~shuffle_opacus.noise.LocalNoiseDPOptimizer`.
+    def local_noise_hook(self, sampler: Any, *, noise_multiplier: float) -> Callable[[Any], None]:
+        """Make the accountant follow ``sampler``; return the step hook of the optimizer.
 
-        The hook records the optimizer's (local) noise multiplier and the protocol's sample rate
-        and checks the round's report count against the protocol.
+        From now on every round the sampler releases is recorded at once, with
+        ``noise_multiplier`` and the sampler's sample rate, whether or not the training code
+        then steps the optimizer: a round handed out and skipped (``if len(x) == 0: continue``)
+        was part of the protocol all the same, and leaving it out would condition the accounted
+        rounds on their content (for check-in, an empty round is evidence that a client did not
+        check in). :func:`shuffle_opacus.make_private` calls this.
+
+        The returned hook runs at every noisy step of a
+        :class:`~shuffle_opacus.noise.LocalNoiseDPOptimizer` and refuses (``ValueError``, before
+        the parameters are updated) a step whose noise multiplier or sample rate is not the one
+        recorded, whose number of reports does not fit the protocol, or that has no released
+        round left to process (more steps than rounds: batches from elsewhere, unaccounted).
+
+        Args:
+            sampler: A :class:`~shuffle_opacus.sampling.ShuffleRoundSampler` of this
+                accountant's protocol, not yet followed by another accountant.
+            noise_multiplier: The optimizer's (local) noise multiplier (> 0), fixed for the run.
 
         Returns:
             A callable taking the optimizer.
 
         Raises:
-            ValueError: if the accountant is not configured.
+            ValueError: if the accountant is not configured, the sampler belongs to another
+                protocol or already feeds an accountant, or ``noise_multiplier`` is invalid.
         """
         self._require_configured("the optimizer hook")
+        sigma = check_positive("noise_multiplier", noise_multiplier)
+        spec = self.spec()
+        if getattr(sampler, "protocol", None) != spec.name:
+            raise ValueError(
+                f"the {self.name} accountant needs a sampler of the {spec.name} protocol "
+                f"({spec.sampler}). Found {sampler!r}."
+            )
+        rate = check_probability("sample_rate", sampler.sample_rate)
+        self._check_step(sigma, rate)
+        expected = spec.reports_per_round(
+            population=self.population,  # type: ignore[arg-type]
+            sample_size=self.sample_size,
+        )
+        counts = {"released": 0, "stepped": 0}
+
+        def release(t: int, batch: list[int]) -> None:
+            self.step(noise_multiplier=sigma, sample_rate=rate)
+            counts["released"] += 1
 
         def hook(optimizer: Any) -> None:
             from .noise import LocalNoiseDPOptimizer
 
             if not isinstance(optimizer, LocalNoiseDPOptimizer):
                 raise ValueError(f"the {self.name} accountant needs local noise: {_HELPER_HINT}.")
-            rate = optimizer.accounting_sample_rate
+            if optimizer.noise_multiplier != sigma or optimizer.accounting_sample_rate != rate:
+                raise ValueError(
+                    f"the {self.name} accountant records noise_multiplier={sigma!r} and "
+                    f"sample_rate={rate!r}; this optimizer uses "
+                    f"{optimizer.noise_multiplier!r} and {optimizer.accounting_sample_rate!r}."
+                )
             reports = optimizer.last_report_count
-            expected = self.spec().reports_per_round(
-                population=self.population,  # type: ignore[arg-type]
-                sample_size=self.sample_size,
-            )
             if expected is not None and reports != expected:
                 raise ValueError(
                     f"the {self.name} accountant expects {expected} reports per round; this "
                     f"round had {reports}. Is the data loader's sampler the matching one?"
                 )
-            self.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=rate)
+            if counts["stepped"] >= counts["released"]:
+                raise ValueError(
+                    f"optimizer.step() #{counts['stepped'] + 1} has no round to process: the "
+                    f"private data loader released {counts['released']} rounds. Step once per "
+                    f"batch of the loader returned by shuffle_opacus.make_private; batches from "
+                    f"elsewhere are not accounted."
+                )
+            counts["stepped"] += 1
 
+        sampler.attach_release_hook(release)
         return hook
 
 

@@ -106,7 +106,7 @@ def _sensitivity_arg(text: str) -> float:
         return resolve_sensitivity(text if text in SENSITIVITIES else float(text))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--sensitivity must be replace-one, paper or a number > 0. Found {text!r}."
+            f"--sensitivity must be replace-one, paper or a number in [1, 2]. Found {text!r}."
         ) from None
 
 

@@ -49,11 +49,20 @@ class LocalNoiseDPOptimizer(DPOptimizer):
     With ``loss_reduction="mean"`` the noisy sum is divided by ``expected_batch_size`` (the
     expected number of reports per round, e.g. ``n * rate``), as Opacus does.
 
+    ``noise_multiplier``, ``max_grad_norm`` and ``accounting_sample_rate`` are fixed once the
+    optimizer is built: the accountant records each round with them as the sampler releases it,
+    so changing one afterwards (an Opacus noise scheduler, say) would make the recorded rounds
+    disagree with the noise added. Assigning one raises ``AttributeError``; to continue with
+    other parameters, prepare the next rounds with :func:`shuffle_opacus.make_private` on the
+    same engine (its accountant keeps the history).
+
     Attributes:
         accounting_sample_rate: Per-round inclusion probability passed to the accountant.
         noise_mode: ``"sum"`` or ``"per_client"``.
         last_report_count: ``B_t`` of the most recent noisy step.
     """
+
+    _FIXED: tuple[str, ...] = ("noise_multiplier", "max_grad_norm", "accounting_sample_rate")
 
     def __init__(
         self,
@@ -108,6 +117,22 @@ class LocalNoiseDPOptimizer(DPOptimizer):
         self.last_report_count = 0
         self._pending_reports = 0
         self._clipped_sums: Any = None
+        self._fixed = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Set an attribute; the privacy parameters cannot change once the optimizer is built.
+
+        Raises:
+            AttributeError: for ``noise_multiplier``, ``max_grad_norm`` or
+                ``accounting_sample_rate`` after construction.
+        """
+        if name in self._FIXED and self.__dict__.get("_fixed", False):
+            raise AttributeError(
+                f"{name} of a LocalNoiseDPOptimizer is fixed once it is built (the accountant "
+                f"records every round with it); prepare further rounds with other parameters by "
+                f"calling shuffle_opacus.make_private again on the same engine."
+            )
+        super().__setattr__(name, value)
 
     def use_clipped_sums(self, module: Any) -> None:
         """Take the clipped sums from a :class:`~shuffle_opacus.clipping.ClippedSumModule`.

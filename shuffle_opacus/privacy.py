@@ -14,9 +14,10 @@ for an engine created with one of the shuffle accountants::
 
 It replaces the loader's sampling by the protocol's sampler (one dataset example = one client),
 wraps the model for per-sample gradients, makes the optimizer add every participating client's
-local noise (:class:`~shuffle_opacus.noise.LocalNoiseDPOptimizer`), and configures and attaches
-the accountant. Every argument is checked before anything is changed: after a ``ValueError`` the
-module, the optimizer and the accountant are as they were.
+local noise (:class:`~shuffle_opacus.noise.LocalNoiseDPOptimizer`), and configures the
+accountant and makes it follow the sampler: every round the loader releases is accounted, stepped
+or not. Every argument is checked before anything is changed: after a ``ValueError`` the module,
+the optimizer and the accountant are as they were.
 
 :func:`make_private_with_epsilon` first calibrates the local noise multiplier to a target
 ``(epsilon, delta)`` with :func:`shuffle_opacus.accounting.calibrate_noise_multiplier` and then
@@ -101,6 +102,7 @@ class _Plan:
     population: int
     sensitivity: float
     method: str
+    first_example: Any
 
 
 def _shuffle_accountant(engine: PrivacyEngine) -> ShuffleAccountantBase:
@@ -127,6 +129,19 @@ def _population(data_loader: DataLoader) -> int:
     if n < 1:
         raise ValueError("data_loader.dataset must hold at least one example (client).")
     return n
+
+
+def _first_example(data_loader: DataLoader, n: int) -> Any:
+    """Read example 0, which shapes the empty rounds' batches; a failure is one line."""
+    try:
+        return data_loader.dataset[0]
+    except Exception as exc:  # noqa: BLE001 - whatever the dataset raises becomes one line
+        text = str(exc).strip().splitlines()
+        detail = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+        raise ValueError(
+            f"data_loader.dataset[0] raised {detail}; a dataset of {n} clients must return an "
+            f"example for every index in [0, {n})."
+        ) from None
 
 
 def _existing_sampler(
@@ -161,6 +176,11 @@ def _existing_sampler(
             )
     if options.start_round:
         raise ValueError("start_round applies to a sampler built here; set it on your sampler.")
+    if sampler.release_hook is not None:
+        raise ValueError(
+            f"data_loader's sampler ({sampler!r}) already feeds an accountant; build a new "
+            f"sampler (with a new seed, or start_round at its next_round) for this engine."
+        )
     return sampler
 
 
@@ -255,12 +275,13 @@ def _prepare(
     accountant = _shuffle_accountant(engine)
     spec = accountant.spec()
     n = _population(data_loader)
+    first = _first_example(data_loader, n)
     sampler = _sampler(spec, accountant.mechanism(), data_loader, n, options)
     sens = resolve_sensitivity(options.sensitivity)
     method = spec.check_method(options.method)
     if options.grad_sample_mode == "ew" and isinstance(sampler, ShuffledCheckInSampler):
         # Expanded weights cannot run a forward pass on an empty batch.
-        remaining = sampler.rounds - sampler.start_round
+        remaining = len(sampler)
         p_empty = -math.expm1(remaining * math.log1p(-math.exp(n * math.log1p(-sampler.rate))))
         if sampler.rate < 1.0 and p_empty > 1e-9:
             raise ValueError(
@@ -272,12 +293,13 @@ def _prepare(
     accountant.check_configuration(
         population=n, sensitivity=sens, method=method, sample_size=sample
     )
-    return _Plan(accountant, spec, sampler, n, sens, method)
+    return _Plan(accountant, spec, sampler, n, sens, method, first)
 
 
-def _private_loader(data_loader: DataLoader, sampler: ShuffleRoundSampler) -> DataLoader:
+def _private_loader(
+    data_loader: DataLoader, sampler: ShuffleRoundSampler, first: Any
+) -> DataLoader:
     dataset = data_loader.dataset
-    first = dataset[0]
     if isinstance(first, (tuple, list)):
         shapes = [(0, *shape_safe(x)) for x in first]
         dtypes = [dtype_safe(x) for x in first]
@@ -317,7 +339,7 @@ def _make_private(
             "simulation-grade generator.",
             stacklevel=3,
         )
-    loader = _private_loader(data_loader, sampler)
+    loader = _private_loader(data_loader, sampler, plan.first_example)
     plan.accountant.configure(
         population=plan.population,
         sensitivity=plan.sensitivity,
@@ -350,7 +372,10 @@ def _make_private(
     )
     if isinstance(wrapped, ClippedSumModule):
         dp_optimizer.use_clipped_sums(wrapped)
-    dp_optimizer.attach_step_hook(plan.accountant.local_noise_hook())
+    # Last: from here on the accountant records every round the sampler releases.
+    dp_optimizer.attach_step_hook(
+        plan.accountant.local_noise_hook(sampler, noise_multiplier=dp_optimizer.noise_multiplier)
+    )
     if engine.dataset is None:
         engine.dataset = data_loader.dataset
     return wrapped, dp_optimizer, loader
@@ -385,8 +410,13 @@ def make_private(
     a :class:`~shuffle_opacus.sampling.ShuffleRoundSampler`, that sampler is used (and must match
     the accountant); otherwise its batching is replaced by the protocol's sampler.
 
-    Each step of the returned optimizer is one round: call ``optimizer.step()`` for every batch,
-    empty ones included, so that the accountant counts every round.
+    The accountant follows the sampler: every batch the returned loader hands out is one round,
+    recorded when it is released, whether or not ``optimizer.step()`` runs for it (skipping an
+    empty round does not make it disappear from the accounting). Step once per batch; a step
+    without a released round is refused. A second ``for`` over the loader continues with new
+    rounds (``rounds``, ``rounds + 1``, ...), which are accounted too; it never repeats the
+    check-ins of the first pass. ``noise_multiplier``, ``max_grad_norm``, the sampler's
+    parameters and the optimizer's ``accounting_sample_rate`` are fixed from here on.
 
     Args:
         engine: A ``PrivacyEngine(accountant=...)`` with a shuffle accountant.

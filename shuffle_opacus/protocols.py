@@ -32,9 +32,13 @@ the L2 distance between the differing client's two possible reports. That distan
   the clipped update as lying in ``[0, C]`` with the differing client's reports ``C`` apart, so
   analysis ``sigma = noise_multiplier``. Use it to reproduce the paper.
 
-Any positive float is also accepted. Whatever the convention, the guarantees are those of the
-core analysis: replace-one adjacency of one client, the other clients' reports at a common
-value (Theorem 1's pair), the forward Rényi divergence; see ``docs/maths.md``.
+A number in ``[1, 2]`` is also accepted (:data:`SENSITIVITY_RANGE`): two clipped updates are at
+most ``2C`` apart, so a larger value would only inflate epsilon, and a value below ``C`` would rest
+on what the data look like rather than on the clipping (``1e-9`` would make every epsilon 0).
+Other numbers, and booleans or strings other than the two names, are refused. Whatever the
+convention, the guarantees are those of the core analysis: replace-one adjacency of one client,
+the other clients' reports at a common value (Theorem 1's pair), the forward Rényi divergence;
+see ``docs/maths.md``.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .analysis._validation import check_int, check_positive, check_probability
+from .analysis._validation import _found, _real, check_int, check_positive, check_probability
 from .analysis.mechanisms import Mechanism, RoundSetting, get_mechanism
 
 if TYPE_CHECKING:
@@ -54,6 +58,7 @@ __all__ = [
     "PROTOCOLS",
     "PROTOCOL_NAMES",
     "SENSITIVITIES",
+    "SENSITIVITY_RANGE",
     "HistoryEntry",
     "get_protocol",
     "protocol_for_accountant",
@@ -64,6 +69,10 @@ __all__ = [
 #: Named sensitivity conventions, in units of the clipping norm C.
 SENSITIVITIES: dict[str, float] = {"replace-one": 2.0, "paper": 1.0}
 
+#: The numeric sensitivities accepted, in units of C: from the paper's convention (the differing
+#: client's reports C apart) to replace-one (2C, the diameter of the clipping ball).
+SENSITIVITY_RANGE: tuple[float, float] = (1.0, 2.0)
+
 #: One entry of an accountant's history: (noise_multiplier, sample_rate, steps), as in Opacus.
 HistoryEntry = tuple[float, float, int]
 
@@ -72,23 +81,34 @@ def resolve_sensitivity(value: float | str) -> float:
     """Return the sensitivity in units of the clipping norm.
 
     Args:
-        value: ``"replace-one"`` (2.0), ``"paper"`` (1.0) or a finite number > 0.
+        value: ``"replace-one"`` (2.0), ``"paper"`` (1.0) or a real number in
+            :data:`SENSITIVITY_RANGE` (``[1, 2]``).
 
     Returns:
         The sensitivity as a float.
 
     Raises:
-        ValueError: for an unknown name or a non-positive number.
+        ValueError: for an unknown name, a number outside ``[1, 2]`` (with the reason), or a
+            value that is neither a name nor a real number (a bool or a tensor, say).
     """
+    low, high = SENSITIVITY_RANGE
     if isinstance(value, str):
         if value not in SENSITIVITIES:
             names = ", ".join(repr(k) for k in SENSITIVITIES)
             raise ValueError(
-                f"sensitivity must be one of {names} or a number > 0 (in units of the "
-                f"clipping norm). Found {value!r}."
+                f"sensitivity must be one of {names} or a number in [{low:g}, {high:g}] (in units "
+                f"of the clipping norm). Found {value!r}."
             )
         return SENSITIVITIES[value]
-    return check_positive("sensitivity", value)
+    number = _real(value)
+    if number is None or not low <= number <= high:
+        raise ValueError(
+            f"sensitivity must be 'replace-one' (2), 'paper' (1) or a number in [{low:g}, "
+            f"{high:g}] in units of the clipping norm: clipped reports are at most 2C apart, and "
+            f"below C the guarantee would rest on the data, not on the clipping. Found "
+            f"{_found(value)}."
+        )
+    return number
 
 
 def analysis_sigma(noise_multiplier: float, sensitivity: float | str) -> float:

@@ -4,9 +4,19 @@ Both samplers are ``torch.utils.data.Sampler`` objects yielding lists of dataset
 ``DataLoader(dataset, batch_sampler=...)``; one dataset index is one client. Round ``t``'s batch
 is a function of ``(seed, t)`` alone (numpy ``SeedSequence(seed, spawn_key=(t,))``), so
 
-* the same seed gives the same rounds, in any process, and iterating twice repeats them;
+* the same seed gives the same rounds, in any process;
 * a run resumed at round ``t`` (``start_round=t``) sees exactly the batches an uninterrupted
   run would have seen.
+
+A sampler releases every round once. It keeps a cursor, :attr:`~ShuffleRoundSampler.next_round`:
+iteration continues from it and never goes back, so a second ``for`` over the sampler (or over a
+loader built on it) continues with new rounds instead of repeating the check-ins of the first
+pass. One pass is ``rounds`` rounds: the first yields rounds ``start_round .. rounds - 1``, the
+next ``rounds .. 2 rounds - 1``, and so on; a pass left early is finished by the next ``for``.
+An accountant that follows the sampler (:func:`shuffle_opacus.make_private` sets this up)
+records each round as it is released, whether or not the training code then steps the optimizer.
+The protocol's parameters (``n``, ``rate`` or ``m``, ``rounds``, ``seed``) are fixed once the
+sampler is built; assigning one raises ``AttributeError``.
 
 The generators are numpy's PCG64: good statistical randomness for simulations and experiments,
 not a cryptographically secure source. A deployment draws check-ins on the clients' devices.
@@ -24,7 +34,8 @@ Within a batch the order is uniformly random, as the shuffler's output would be.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -34,30 +45,134 @@ from .analysis._validation import check_int, check_probability
 __all__ = ["ShuffleRoundSampler", "ShuffledCheckInSampler", "FixedSizeShuffledSampler"]
 
 
+#: Largest round index (and ``start_round``) accepted: the rounds' seeds are 64-bit spawn keys.
+MAX_ROUND = 2**63 - 1
+
+
 def _check_seed(seed: int | None) -> int:
     if seed is None:
         return int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
     return check_int("seed", seed, minimum=0)
 
 
+#: Called with ``(t, batch)`` just before a sampler releases round ``t``.
+ReleaseHook = Callable[[int, list[int]], None]
+
+
 class ShuffleRoundSampler(Sampler[list[int]], abc.ABC):
-    """Base class: ``rounds`` batches of client indices, round ``t`` derived from ``(seed, t)``.
+    """Base class: passes of ``rounds`` batches of client indices, round ``t`` from ``(seed, t)``.
 
     Attributes:
         n: Number of clients (dataset size).
-        rounds: Total number of rounds.
+        rounds: Number of rounds of one pass (what ``len`` of a fresh sampler gives).
         seed: The seed in use (drawn from the OS when ``None`` was passed; read it to reproduce).
-        start_round: First round produced by iteration (0 unless resuming).
+        start_round: The round the first iteration starts at (0 unless resuming).
     """
 
     protocol: str = ""
+    #: Attributes that are fixed once the sampler is built.
+    _FIXED: tuple[str, ...] = ("n", "rounds", "seed", "start_round")
 
     def __init__(self, n: int, rounds: int, seed: int | None, start_round: int) -> None:
         """Validate the common arguments (see the subclasses)."""
         self.n = check_int("n", n, minimum=1)
         self.rounds = check_int("rounds", rounds, minimum=1)
         self.seed = _check_seed(seed)
-        self.start_round = check_int("start_round", start_round, minimum=0, maximum=self.rounds)
+        self.start_round = check_int("start_round", start_round, minimum=0, maximum=MAX_ROUND)
+        object.__setattr__(self, "_next_round", self.start_round)
+        object.__setattr__(self, "_released", 0)
+        object.__setattr__(self, "_release_hook", None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Set an attribute; the protocol's parameters cannot be changed once set.
+
+        Raises:
+            AttributeError: for a parameter that is already set, or the private round state.
+        """
+        if name in type(self)._FIXED and name in self.__dict__:
+            raise AttributeError(
+                f"{name} of a {type(self).__name__} is fixed once it is built (an accountant "
+                f"may already follow its rounds); build a new sampler instead."
+            )
+        if name in ("_next_round", "_released", "_release_hook"):
+            raise AttributeError(f"{name} is the sampler's own round state; it cannot be set.")
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        """Refuse to delete a parameter or the round state.
+
+        Raises:
+            AttributeError: always for those names.
+        """
+        if name in type(self)._FIXED or name in ("_next_round", "_released", "_release_hook"):
+            raise AttributeError(f"{name} of a {type(self).__name__} cannot be deleted.")
+        super().__delattr__(name)
+
+    def __copy__(self) -> ShuffleRoundSampler:
+        """Copy a sampler that no accountant follows; refuse to copy one that is followed.
+
+        A copy of a followed sampler would release the same rounds a second time.
+
+        Raises:
+            TypeError: if a release hook is attached.
+        """
+        return self._copy()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ShuffleRoundSampler:
+        """As :meth:`__copy__` (the sampler holds no mutable containers to copy deeply).
+
+        Raises:
+            TypeError: if a release hook is attached.
+        """
+        return self._copy()
+
+    def _copy(self) -> ShuffleRoundSampler:
+        if self._release_hook is not None:
+            raise TypeError(
+                f"a {type(self).__name__} that an accountant follows cannot be copied: the copy "
+                f"would release the same rounds (the same check-ins) a second time."
+            )
+        clone = object.__new__(type(self))
+        for key, value in self.__dict__.items():
+            object.__setattr__(clone, key, value)
+        return clone
+
+    @property
+    def next_round(self) -> int:
+        """The round the next iteration starts with (0-based); it only ever grows."""
+        return self._next_round  # type: ignore[no-any-return]
+
+    @property
+    def released(self) -> int:
+        """Number of rounds this sampler has released since it was built."""
+        return self._released  # type: ignore[no-any-return]
+
+    @property
+    def release_hook(self) -> ReleaseHook | None:
+        """The callable told of every round released (``None`` until one is attached)."""
+        return self._release_hook  # type: ignore[no-any-return]
+
+    def attach_release_hook(self, hook: ReleaseHook) -> None:
+        """Call ``hook(t, batch)`` just before each round ``t`` is released.
+
+        :func:`shuffle_opacus.make_private` attaches the accountant here, so that every round
+        the sampler hands out is accounted. If the hook raises, the round is not released.
+
+        Args:
+            hook: The callable.
+
+        Raises:
+            ValueError: if a hook is already attached (a sampler feeds one accountant), or
+                ``hook`` is not callable.
+        """
+        if not callable(hook):
+            raise ValueError(f"hook must be callable. Found {hook!r}.")
+        if self._release_hook is not None:
+            raise ValueError(
+                f"this {type(self).__name__} already reports its rounds to an accountant; a "
+                f"sampler can feed only one (build a new sampler for another run)."
+            )
+        object.__setattr__(self, "_release_hook", hook)
 
     @property
     @abc.abstractmethod
@@ -80,20 +195,39 @@ class ShuffleRoundSampler(Sampler[list[int]], abc.ABC):
     def batch(self, t: int) -> list[int]:
         """Return the clients of round ``t`` (0-based), in shuffled order.
 
+        A pure function of ``(seed, t)``: it releases nothing (no hook is called, the cursor
+        does not move).
+
         Raises:
-            ValueError: if ``t`` is not in ``[0, rounds)``.
+            ValueError: if ``t`` is not an integer >= 0.
         """
-        t = check_int("t", t, minimum=0, maximum=self.rounds - 1)
+        t = check_int("t", t, minimum=0, maximum=MAX_ROUND)
         return self._draw(self._rng(t)).tolist()
 
+    def _pass_end(self) -> int:
+        """Return the round after the cursor's pass (a whole new pass at a boundary)."""
+        return (self._next_round // self.rounds + 1) * self.rounds
+
     def __iter__(self) -> Iterator[list[int]]:
-        """Yield the batches of rounds ``start_round .. rounds - 1``."""
-        for t in range(self.start_round, self.rounds):
-            yield self.batch(t)
+        """Yield the remaining rounds of the current pass, each released once.
+
+        Starts at :attr:`next_round` and stops at the end of its pass (a multiple of
+        ``rounds``); the cursor moves past each round as it is released, so a later iteration
+        continues with new rounds.
+        """
+        end = self._pass_end()
+        while self._next_round < end:
+            t = self._next_round
+            object.__setattr__(self, "_next_round", t + 1)
+            batch = self.batch(t)
+            if self._release_hook is not None:
+                self._release_hook(t, batch)
+            object.__setattr__(self, "_released", self._released + 1)
+            yield batch
 
     def __len__(self) -> int:
-        """Return the number of batches iteration yields: ``rounds - start_round``."""
-        return self.rounds - self.start_round
+        """Return the number of batches the next iteration yields (the rest of the pass)."""
+        return self._pass_end() - self._next_round
 
 
 class ShuffledCheckInSampler(ShuffleRoundSampler):
@@ -106,6 +240,7 @@ class ShuffledCheckInSampler(ShuffleRoundSampler):
     """
 
     protocol = "checkin"
+    _FIXED = (*ShuffleRoundSampler._FIXED, "rate")
 
     def __init__(
         self, n: int, rate: float, rounds: int, seed: int | None = None, *, start_round: int = 0
@@ -115,9 +250,9 @@ class ShuffledCheckInSampler(ShuffleRoundSampler):
         Args:
             n: Number of clients (integer >= 1).
             rate: Check-in probability gamma in ``(0, 1]``.
-            rounds: Number of rounds (integer >= 1); ``len(sampler) == rounds``.
+            rounds: Rounds of one pass (integer >= 1); a fresh sampler has ``len == rounds``.
             seed: Integer >= 0; ``None`` draws one from the OS (kept in ``self.seed``).
-            start_round: Resume from this round (in ``[0, rounds]``).
+            start_round: Resume from this round (integer >= 0).
 
         Raises:
             ValueError: on an out-of-range argument.
@@ -138,7 +273,7 @@ class ShuffledCheckInSampler(ShuffleRoundSampler):
         """Constructor-style representation."""
         return (
             f"ShuffledCheckInSampler(n={self.n}, rate={self.rate}, rounds={self.rounds}, "
-            f"seed={self.seed}, start_round={self.start_round})"
+            f"seed={self.seed}, start_round={self.start_round}, next_round={self.next_round})"
         )
 
 
@@ -149,6 +284,8 @@ class FixedSizeShuffledSampler(ShuffleRoundSampler):
     accountant).
     """
 
+    _FIXED = (*ShuffleRoundSampler._FIXED, "m")
+
     def __init__(
         self, n: int, m: int, rounds: int, seed: int | None = None, *, start_round: int = 0
     ) -> None:
@@ -157,9 +294,9 @@ class FixedSizeShuffledSampler(ShuffleRoundSampler):
         Args:
             n: Number of clients (integer >= 1).
             m: Clients per round (integer in ``[1, n]``).
-            rounds: Number of rounds (integer >= 1).
+            rounds: Rounds of one pass (integer >= 1).
             seed: Integer >= 0; ``None`` draws one from the OS (kept in ``self.seed``).
-            start_round: Resume from this round (in ``[0, rounds]``).
+            start_round: Resume from this round (integer >= 0).
 
         Raises:
             ValueError: on an out-of-range argument (``m > n`` included).
@@ -184,5 +321,5 @@ class FixedSizeShuffledSampler(ShuffleRoundSampler):
         """Constructor-style representation."""
         return (
             f"FixedSizeShuffledSampler(n={self.n}, m={self.m}, rounds={self.rounds}, "
-            f"seed={self.seed}, start_round={self.start_round})"
+            f"seed={self.seed}, start_round={self.start_round}, next_round={self.next_round})"
         )

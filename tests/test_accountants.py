@@ -214,3 +214,94 @@ def test_unconfigured_step_still_checks_the_rate():
     acc = create_accountant("subsampled_shuffle")
     with pytest.raises(ValueError, match=r"sample_rate must be in \(0, 1\]"):
         acc.step(noise_multiplier=1.0, sample_rate=2.0)
+
+
+# --- the history and the configuration agree, whichever comes first --------------------------
+
+
+def test_rounds_recorded_before_configure_are_checked_against_it():
+    acc = shuffle_opacus.SubsampledShuffleAccountant()
+    for _ in range(10):
+        acc.step(noise_multiplier=2.0, sample_rate=0.01)
+    with pytest.raises(ValueError, match=r"sample_rate 0.01, which contradicts .* sample rate 0.1"):
+        acc.configure(population=100, sample_size=10)
+    assert acc.population is None and acc.history == [(2.0, 0.01, 10)]
+    acc.configure(population=100, sample_size=1)  # the rate the rounds were recorded with
+    assert acc.get_epsilon(1e-5) > 0
+
+
+def test_a_history_assigned_after_configure_is_checked_at_get_epsilon():
+    acc = configured("subsampled_shuffle")
+    acc.history = [(2.0, 0.01, 10)]  # m = 10 of N, not the configured 50
+    with pytest.raises(ValueError, match="contradicts its configuration"):
+        acc.get_epsilon(1e-5)
+
+
+def test_an_unconfigured_state_must_fit_the_configured_accountant():
+    state = create_accountant("subsampled_shuffle").state_dict()
+    state["history"] = [(2.0, 0.01, 10)]
+    acc = configured("subsampled_shuffle")
+    with pytest.raises(ValueError, match="sample_rate of the subsampled_shuffle accountant"):
+        acc.load_state_dict(state)
+    assert acc.history == []
+
+
+def test_load_refuses_to_switch_the_method_silently():
+    source = configured("shuffled_checkin", method="theorem3")
+    source.history = [(2.0, 0.05, 10)]
+    target = configured("shuffled_checkin")
+    with pytest.raises(ValueError, match="with method 'theorem3'.*configured with 'exact'"):
+        target.load_state_dict(source.state_dict())
+    assert target.method == "exact" and target.history == []
+    target.configure(**CONFIG["shuffled_checkin"], method="theorem3")  # explicit
+    target.load_state_dict(source.state_dict())
+    assert target.get_epsilon(1e-5) == source.get_epsilon(1e-5)
+
+
+def test_loading_an_older_state_warns_that_epsilon_goes_back():
+    acc = configured("shuffled_checkin")
+    acc.history = [(2.0, 0.05, 3)]
+    older = acc.state_dict()
+    acc.step(noise_multiplier=2.0, sample_rate=0.05)
+    with pytest.warns(shuffle_opacus.accountants.HistoryRollbackWarning, match="held 4 rounds"):
+        acc.load_state_dict(older)
+    assert len(acc) == 3
+
+
+@pytest.mark.parametrize(
+    ("history", "message"),
+    [
+        (None, r"state_dict\['history'\] must be a list .* Found NoneType"),
+        ([(2.0, 0.05)], r"state_dict\['history'\]\[0\] must be a \(noise_multiplier"),
+        ("abc", r"must be a list of .* Found str"),
+        ([(2.0, "0.05", 3)], r"\[0\] sample_rate must be a number in \(0, 1\]"),
+        ([(True, 0.05, 3)], r"\[0\] noise_multiplier must be a finite number > 0"),
+        ([(2.0, 0.05, 1.5)], r"\[0\] steps must be an integer >= 0"),
+    ],
+)
+def test_malformed_saved_history_is_one_line(history, message):
+    state = configured("shuffled_checkin").state_dict()
+    state["history"] = history
+    acc = create_accountant("shuffled_checkin")
+    with pytest.raises(ValueError, match=message) as info:
+        acc.load_state_dict(state)
+    assert "\n" not in str(info.value) and acc.history == []
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda a: a.step(noise_multiplier="1.0", sample_rate=0.05), "noise_multiplier must be"),
+        (lambda a: a.step(noise_multiplier=True, sample_rate=0.05), "noise_multiplier must be"),
+        (lambda a: a.step(noise_multiplier=2.0, sample_rate="0.1"), "sample_rate must be"),
+        (lambda a: a.get_epsilon(delta="1e-5"), r"delta must be a number in \(0, 1\)"),
+        (lambda a: a.configure(population=N, sensitivity=1e-9), r"number in \[1, 2\]"),
+        (lambda a: a.configure(population=N, sensitivity=3.0), r"number in \[1, 2\]"),
+        (lambda a: a.configure(population=True), "population must be an integer"),
+    ],
+)
+def test_numbers_are_strict(call, message):
+    acc = configured("shuffled_checkin")
+    with pytest.raises(ValueError, match=message):
+        call(acc)
+    assert acc.history == [] and acc.sensitivity == 2.0

@@ -253,7 +253,7 @@ def test_calibrate_meets_the_target_and_matches_the_library(capsys):
         (["full", "--n", "100", "--rounds", "5", "--epsilon", "-1"], "--epsilon must be"),
         (
             ["full", "--n", "100", "--rounds", "5", "--epsilon", "1", "--sensitivity", "x"],
-            "--sensitivity must be replace-one, paper or a number > 0",
+            "--sensitivity must be replace-one, paper or a number in [1, 2]",
         ),
         (
             ["full", "--n", "2", "--rounds", "5", "--epsilon", "1e-6"],

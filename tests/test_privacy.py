@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -99,9 +100,9 @@ def test_checkpoint_and_resume_give_the_same_epsilon_trajectory(tmp_path):
 
     engine, module, optimizer, data = private(name, rounds=rounds, seed=4)
     sizes, eps = [], []
-    for i, (x, y) in enumerate(data):
-        if i == cut:
-            break
+    # islice stops before drawing round `cut`: a round the loader hands out is released, and
+    # accounted, whether or not the loop then uses it.
+    for x, y in itertools.islice(data, cut):
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(module(x), y).backward()
         optimizer.step()
@@ -211,7 +212,34 @@ BAD = [
     ("shuffle", {"sample_size": 3}, "sample_size of the shuffle accountant must equal"),
     ("shuffle", {"data_loader": "fixed"}, "needs the full protocol"),
     ("prv", {}, "engine.accountant must be one of"),
+    # Strict numbers: a bool or a string is not a number, whatever it would convert to.
+    ("shuffled_checkin", {"noise_multiplier": True}, "noise_multiplier must be a finite number"),
+    ("shuffled_checkin", {"noise_multiplier": "1.0"}, r"Found '1.0' \(a str, not a real"),
+    ("shuffled_checkin", {"max_grad_norm": True}, "max_grad_norm must be a finite number"),
+    ("shuffled_checkin", {"noise_multiplier": torch.tensor(1.0)}, r"a Tensor, not a real number"),
+    ("shuffled_checkin", {"rate": "0.1"}, r"rate must be a number in \(0, 1\]"),
+    ("shuffled_checkin", {"sensitivity": 1e-9}, r"sensitivity must be .* number in \[1, 2\]"),
+    ("shuffled_checkin", {"sensitivity": True}, r"sensitivity must be .* number in \[1, 2\]"),
+    ("shuffled_checkin", {"data_loader": "broken"}, r"dataset\[0\] raised IndexError: gone;"),
+    ("shuffled_checkin", {"data_loader": "followed"}, "already feeds an accountant"),
 ]
+
+
+class _BrokenDataset(torch.utils.data.Dataset):
+    """A dataset whose every item raises."""
+
+    def __len__(self) -> int:
+        return N_CLIENTS
+
+    def __getitem__(self, index: int):
+        raise IndexError("gone")
+
+
+def _followed_loader() -> DataLoader:
+    """A loader whose sampler already feeds another engine's accountant."""
+    sampler = ShuffledCheckInSampler(N_CLIENTS, 0.25, 5, seed=0)
+    private("shuffled_checkin", rounds=5, data_loader=DataLoader(dataset(), batch_sampler=sampler))
+    return DataLoader(dataset(), batch_sampler=sampler)
 
 
 @pytest.mark.parametrize(("name", "overrides", "message"), BAD)
@@ -232,8 +260,15 @@ def test_bad_input_is_rejected_before_anything_changes(name, overrides, message)
         **SETTINGS.get(name, ({}, {}))[0],
         **overrides,
     }
-    if kwargs["data_loader"] == "fixed":
-        kwargs["data_loader"] = fixed_loader(8)
+    special = {
+        "fixed": lambda: fixed_loader(8),
+        "broken": lambda: DataLoader(_BrokenDataset(), batch_size=8),
+        "followed": _followed_loader,
+    }
+    if isinstance(kwargs["data_loader"], str):
+        kwargs["data_loader"] = special[kwargs["data_loader"]]()
+        if kwargs["data_loader"].batch_sampler.__class__ is ShuffledCheckInSampler:
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("rate", "rounds", "seed")}
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     with pytest.raises(ValueError, match=message):
         shuffle_opacus.make_private(engine, **kwargs)
@@ -242,6 +277,89 @@ def test_bad_input_is_rejected_before_anything_changes(name, overrides, message)
     assert all(torch.equal(v, params_before[k]) for k, v in net.state_dict().items())
     if hasattr(engine.accountant, "population"):
         assert engine.accountant.population is None
+
+
+# --- the accountant follows the sampler ------------------------------------------------------
+
+
+def test_skipped_empty_rounds_are_accounted():
+    """``if len(x) == 0: continue`` leaves no round out: n = 3, rate 0.2, 40 rounds."""
+    engine, module, optimizer, data = private(
+        "shuffled_checkin", rate=0.2, rounds=40, data_loader=loader(n=3)
+    )
+    stepped = 0
+    for x, y in data:
+        if len(x) == 0:
+            continue
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(module(x), y).backward()
+        optimizer.step()
+        stepped += 1
+    assert 0 < stepped < 40  # the seed gives both kinds of rounds
+    assert engine.accountant.history == [(2.0, 0.2, 40)]
+    every_round = history_epsilon(
+        [(2.0, 0.2, 40)], protocol="checkin", delta=1e-5, population=3
+    ).epsilon
+    stepped_only = history_epsilon(
+        [(2.0, 0.2, stepped)], protocol="checkin", delta=1e-5, population=3
+    ).epsilon
+    assert engine.get_epsilon(1e-5) == every_round > stepped_only
+
+
+def test_a_round_drawn_and_abandoned_is_accounted_and_a_step_without_a_round_is_refused():
+    engine, module, optimizer, data = private("shuffled_checkin")
+    plain = next(iter(loader()))  # a batch that did not come from the private loader
+    params = [p.detach().clone() for p in module.parameters()]
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(module(plain[0]), plain[1]).backward()
+    with pytest.raises(ValueError, match=r"optimizer.step\(\) #1 has no round to process"):
+        optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(params, module.parameters(), strict=True))
+    assert len(engine.accountant) == 0
+    for _ in data:
+        break  # drawn, never stepped: released all the same
+    assert len(engine.accountant) == 1 and data.batch_sampler.next_round == 1
+
+
+def test_protocol_parameters_are_fixed_after_make_private():
+    engine, module, optimizer, data = private("shuffled_checkin")
+    sampler = data.batch_sampler
+    for target, name, value in [
+        (sampler, "rate", 0.9),
+        (sampler, "n", 3),
+        (sampler, "seed", 1),
+        (optimizer, "accounting_sample_rate", 0.9),
+        (optimizer, "noise_multiplier", 0.1),
+        (optimizer, "max_grad_norm", 100.0),
+    ]:
+        with pytest.raises(AttributeError, match=f"{name} of a .* is fixed"):
+            setattr(target, name, value)
+    assert (sampler.rate, optimizer.accounting_sample_rate, optimizer.noise_multiplier) == (
+        0.25,
+        0.25,
+        2.0,
+    )
+    train(module, optimizer, data)
+    assert engine.accountant.history == [(2.0, 0.25, ROUNDS)]
+
+
+def test_a_second_pass_continues_with_new_rounds():
+    engine, module, optimizer, data = private("shuffled_checkin", rounds=5)
+    sampler, x_all = data.batch_sampler, dataset()[:][0]
+    passes = []
+    for _ in range(2):
+        assert len(data) == 5
+        seen = []
+        for x, y in data:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(module(x), y).backward()
+            optimizer.step()
+            seen.append(x)
+        passes.append(seen)
+    for t, x in enumerate(passes[0] + passes[1]):
+        assert torch.equal(x, x_all[sampler.batch(t)])  # rounds 0-4, then the new rounds 5-9
+    assert [len(x) for x in passes[0]] != [len(x) for x in passes[1]]
+    assert engine.accountant.history == [(2.0, 0.25, 10)]
 
 
 def test_wrong_sampler_for_subsampled_accountant():

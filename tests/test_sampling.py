@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections import Counter
@@ -106,7 +107,7 @@ def test_works_as_a_dataloader_batch_sampler():
     sampler = FixedSizeShuffledSampler(50, 5, 4, seed=0)
     batches = [x for (x,) in DataLoader(ds, batch_sampler=sampler)]
     assert [b.shape[0] for b in batches] == [5] * 4
-    assert [b[:, 0].int().tolist() for b in batches] == list(sampler)
+    assert [b[:, 0].int().tolist() for b in batches] == [sampler.batch(t) for t in range(4)]
 
 
 @pytest.mark.parametrize(
@@ -117,7 +118,9 @@ def test_works_as_a_dataloader_batch_sampler():
         (lambda: ShuffledCheckInSampler(0, 0.5, 5), r"n must be an integer >= 1"),
         (lambda: ShuffledCheckInSampler(10, 0.5, 0), r"rounds must be an integer >= 1"),
         (lambda: ShuffledCheckInSampler(10, 0.5, 5, seed=-1), r"seed must be an integer >= 0"),
-        (lambda: ShuffledCheckInSampler(10, 0.5, 5, start_round=6), r"start_round"),
+        (lambda: ShuffledCheckInSampler(10, 0.5, 5, start_round=-1), r"start_round"),
+        (lambda: ShuffledCheckInSampler(10, True, 5), r"rate must be a number in \(0, 1\]"),
+        (lambda: ShuffledCheckInSampler(10, "0.1", 5), r"rate must be a number in \(0, 1\]"),
         (lambda: FixedSizeShuffledSampler(10, 11, 5), r"m must be an integer in \[1, 10\]"),
         (lambda: FixedSizeShuffledSampler(10, 0, 5), r"m must be an integer in \[1, 10\]"),
     ],
@@ -143,3 +146,38 @@ def test_batch_t_matches_iteration(n, rate, rounds, seed, t):
         assert s.batch(t) == batches[t]
     if rate == 1.0:
         assert all(sorted(b) == list(range(n)) for b in batches)
+
+
+def test_iteration_never_repeats_a_round():
+    """A later ``for`` continues from the cursor: the rest of the pass, then a whole new pass."""
+    s = ShuffledCheckInSampler(300, 0.1, 6, seed=3)
+    first = []
+    for batch in s:
+        first.append(batch)
+        if len(first) == 2:
+            break
+    assert s.next_round == 2 and len(s) == 4
+    rest = list(s)  # finishes the first pass
+    assert len(s) == 6 and s.next_round == 6
+    second = list(s)  # a new pass: rounds 6..11
+    assert first + rest + second == [s.batch(t) for t in range(12)]
+    assert s.released == 12
+
+
+def test_parameters_are_fixed_and_one_release_hook_per_sampler():
+    s = FixedSizeShuffledSampler(20, 5, 4, seed=0)
+    for name, value in [("m", 10), ("n", 40), ("rounds", 8), ("start_round", 2)]:
+        with pytest.raises(AttributeError, match=f"{name} of a FixedSizeShuffledSampler is fixed"):
+            setattr(s, name, value)
+    with pytest.raises(AttributeError, match="round state"):
+        s._next_round = 0
+    released = []
+    s.attach_release_hook(lambda t, batch: released.append((t, batch)))
+    with pytest.raises(ValueError, match="already reports its rounds"):
+        s.attach_release_hook(print)
+    assert list(s) == [b for _, b in released] and [t for t, _ in released] == [0, 1, 2, 3]
+    with pytest.raises(TypeError, match="would release the same rounds"):
+        copy.deepcopy(s)
+    free = ShuffledCheckInSampler(20, 0.5, 3, seed=1)
+    twin = copy.copy(free)
+    assert list(twin) == list(free) and twin.rate == free.rate

@@ -5,7 +5,8 @@ image per client, the config's protocol, local noise, an epsilon curve per accou
 ``train --resume RUN_DIR`` continues an interrupted run; ``plot RUN_DIR`` redraws a run's
 figures; ``sweep SWEEP_FILE`` runs short trials over config overrides (:mod:`.sweep`);
 ``table1`` and ``pld-figures`` redraw the published tables and figures into ``docs/figures``.
-Errors are reported on one line (``shuffle-experiment: error: ...``) with exit status 2;
+Errors, a file that cannot be written included, are reported on one line
+(``shuffle-experiment: error: ...``) with exit status 2;
 Ctrl-C during training saves a checkpoint and exits with status 130.
 """
 
@@ -151,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .pld_figures import main as pld_figures
 
         return pld_figures(["--out", args.out])
-    except (CliError, ValueError) as exc:
+    except (CliError, ValueError, OSError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else "invalid arguments"
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2

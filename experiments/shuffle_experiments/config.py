@@ -345,7 +345,9 @@ def _one_line(exc: ValidationError) -> str:
     first = errors[0]
     field = _field_name(first["loc"])
     if field.endswith("sensitivity"):
-        return f"{field} must be replace-one, paper or a number > 0, got {first.get('input')!r}"
+        return (
+            f"{field} must be replace-one, paper or a number in [1, 2], got {first.get('input')!r}"
+        )
     return f"{field} {_describe(first)}, got {first.get('input')!r}"
 
 

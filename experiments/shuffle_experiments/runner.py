@@ -33,14 +33,30 @@ newest run):
 Resuming rebuilds everything from the checkpoint: the sampler restarts at the saved round (its
 batches are a function of the seed and the round only), the noise generator continues from its
 saved state, and rows after the checkpoint are dropped from ``metrics.csv`` (rewritten through
-a temporary file). With the same number of threads the result is bit-for-bit that of an
-uninterrupted run, also after SIGKILL at any moment (tested).
+a temporary file; they are run again). With the same number of threads the result is bit-for-bit
+that of an uninterrupted run, also after SIGKILL at any moment (tested).
+
+Check, then write. A session takes an exclusive lock on the run directory first (a second
+``--resume`` of the same directory is refused in one line), and every consistency check runs
+before anything is written: the checkpoint's accountant must hold exactly the rounds that
+``config.yaml`` implies (the epsilon curves are computed from the config, so the curves on disk
+can never disagree with the accountant), and ``metrics.csv`` must describe rounds
+``1 .. checkpoint round``. Rows of those rounds that are missing, cut short or unreadable are
+rebuilt from the checkpoint (round, participants and epsilon are functions of the seed and the
+config; the lost losses and accuracies stay empty), and the repair is announced in one line; a
+file that cannot be interpreted (another header, a round that is not an integer, a round twice)
+is refused in one line. At the end the accountant's epsilon is compared with the ``exact``
+curve before ``summary.json`` and the plots are written. Stale temporary files of an earlier
+session are removed; a checkpoint that cannot be written (a full disk) leaves no temporary file
+and raises :class:`RunFileError` naming the file and the cause, the previous checkpoint intact.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
+import io
 import json
 import math
 import os
@@ -48,7 +64,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -66,11 +82,12 @@ import shuffle_opacus
 from shuffle_opacus import get_protocol
 
 from .config import ConfigError, ExperimentConfig, load_config, validate
-from .curves import CURVE_LABELS, EpsilonCurves
+from .curves import CURVE_LABELS, SPARSE_CURVES, EpsilonCurves
 from .data import load_mnist
 from .models import build_model
 
 __all__ = [
+    "RunFileError",
     "RunResult",
     "run",
     "resume",
@@ -89,6 +106,10 @@ SUMMARY_FILE = "summary.json"
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 _EVAL_BATCH = 2000
+
+
+class RunFileError(OSError):
+    """A file of the run cannot be written; the message is one line naming it and the cause."""
 
 
 @dataclass
@@ -142,7 +163,7 @@ def new_run_dir(config: ExperimentConfig) -> Path:
         The new, empty directory.
     """
     parent = Path(config.output_dir) / config.name
-    parent.mkdir(parents=True, exist_ok=True)
+    _make_dir(parent, "output_dir")
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     suffix = 1
     while True:
@@ -152,6 +173,66 @@ def new_run_dir(config: ExperimentConfig) -> Path:
             return run_dir
         except FileExistsError:
             suffix += 1
+        except OSError as exc:
+            raise ConfigError(
+                f"output_dir: cannot create the run directory {run_dir} ({_cause(exc)})"
+            ) from None
+
+
+def _cause(exc: BaseException) -> str:
+    """Return the cause of a failure in words: the OS message, else the first line."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _make_dir(path: Path, what: str) -> None:
+    """Create a directory (and its parents); a failure is one ConfigError line naming ``what``."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot create the directory {path} ({_cause(exc)})") from None
+
+
+@contextlib.contextmanager
+def _run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``run_dir`` (``flock`` on the directory itself) while training.
+
+    Two sessions in one run directory would each rewrite ``metrics.csv`` (one's rows would
+    vanish) and write the same temporary checkpoint; the second is refused instead. The lock
+    needs no file and is released when the process ends, however it ends.
+
+    Raises:
+        ConfigError: if another process holds the lock, or the directory cannot be opened.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system: no lock
+        yield
+        return
+    try:
+        fd = os.open(run_dir, os.O_RDONLY)
+    except OSError as exc:
+        raise ConfigError(f"run directory {run_dir} cannot be opened ({_cause(exc)})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"run directory {run_dir} is in use by another training session; wait for it to "
+                f"finish (two sessions would overwrite each other's metrics and checkpoint)"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_temporaries(run_dir: Path) -> None:
+    """Remove the temporary files a killed session may have left (the lock is held)."""
+    for name in (CHECKPOINT_FILE, METRICS_FILE, CONFIG_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            (run_dir / f"{name}.tmp").unlink()
 
 
 def _point_latest_at(run_dir: Path) -> None:
@@ -266,9 +347,28 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float,
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
+    """Write ``obj`` with ``torch.save`` to a temporary file, then rename it onto ``path``.
+
+    The object is serialised in memory first, so that a failing write (a full disk) is an
+    ``OSError`` with its cause rather than an error of torch's zip writer.
+
+    Raises:
+        RunFileError: naming ``path`` and the cause; the temporary file is removed and the
+            previous ``path`` is left as it was.
+    """
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(buffer.getbuffer())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise RunFileError(
+            f"cannot write {path} ({_cause(exc)}); the previous checkpoint is unchanged"
+        ) from None
 
 
 #: Version of the checkpoint layout written by :meth:`_Session.state`.
@@ -360,8 +460,13 @@ def load_checkpoint(path: Path, config: ExperimentConfig) -> dict[str, Any]:
 
 def _write_yaml(config: ExperimentConfig, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise RunFileError(f"cannot write {path} ({_cause(exc)})") from None
 
 
 def _fmt(value: float | None) -> str:
@@ -554,11 +659,140 @@ class _StopRequest:
             signal.signal(signal.SIGINT, self._previous)
 
 
-def _read_metrics(path: Path, up_to: int) -> list[dict[str, str]]:
-    if not path.exists():
-        return []
-    with path.open(newline="") as fh:
-        return [row for row in csv.DictReader(fh) if int(row["round"]) <= up_to]
+def _evaluated(config: ExperimentConfig, round_number: int) -> bool:
+    """Whether round ``round_number`` (1-based) evaluates the model."""
+    t = config.training
+    return round_number % t.eval_every == 0 or round_number == t.rounds
+
+
+def _row_is_sound(config: ExperimentConfig, row: dict[str, str], round_number: int) -> bool:
+    """Whether a ``metrics.csv`` row of a round holds every value that round must have."""
+    evaluated = _evaluated(config, round_number)
+    try:
+        if int(row["participants"]) < 0:
+            return False
+        for key in ("train_loss", "test_loss", "test_accuracy"):
+            if row[key]:
+                float(row[key])
+        if bool(row["test_accuracy"]) != evaluated:
+            return False
+        for name in config.privacy.accountants:
+            value = row[f"eps_{name}"]
+            if value:
+                float(value)
+            elif evaluated or name not in SPARSE_CURVES:
+                return False
+    except ValueError:
+        return False
+    return True
+
+
+def _rebuilt_row(session: _Session, round_number: int) -> dict[str, str]:
+    """Return a round's row as far as the checkpoint determines it (no losses, no accuracy)."""
+    evaluated = _evaluated(session.config, round_number)
+    row = {
+        "round": str(round_number),
+        "participants": str(len(session.sampler.batch(round_number - 1))),
+        "train_loss": "",
+        "test_loss": "",
+        "test_accuracy": "",
+    }
+    eps = session.curves.row(round_number, sparse=evaluated)
+    row.update({f"eps_{k}": _fmt(v) for k, v in eps.items()})
+    return row
+
+
+def _ranges(numbers: Sequence[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3, 7"``."""
+    parts: list[str] = []
+    for n in numbers:
+        if parts and parts[-1].split("-")[-1] == str(n - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{n}"
+        else:
+            parts.append(str(n))
+    return ", ".join(parts)
+
+
+def _metrics_rows(
+    session: _Session, path: Path, up_to: int, participants: int, echo: Callable[[str], None]
+) -> list[dict[str, str]]:
+    """Return the rows of rounds ``1 .. up_to`` of ``metrics.csv``, repaired where possible.
+
+    Rows after ``up_to`` are dropped (those rounds run again), with a message. Rows of earlier
+    rounds that are missing (the whole file included), cut short or unreadable are rebuilt from
+    the checkpoint by :func:`_rebuilt_row`, with a message naming them. Nothing is written here.
+
+    Raises:
+        ConfigError: one line naming the file (and line) for what cannot be interpreted: another
+            header, a round that is not an integer or is out of range, a round listed twice, or
+            participants that do not add up to the checkpoint's.
+    """
+    config = session.config
+    columns = _metric_columns(config)
+    fix = f"restore it, or delete it to rebuild rounds 1-{up_to} from the checkpoint"
+    try:
+        text: str | None = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} cannot be read ({_cause(exc)}); {fix}") from None
+    rows: dict[int, dict[str, str]] = {}
+    seen: dict[int, int] = {}
+    after = 0
+    cut_short = False
+    lines = [] if text is None else text.splitlines(keepends=True)
+    if lines:
+        header = next(csv.reader([lines[0]]), [])
+        if header != columns:
+            raise ConfigError(f"{path} has the columns {header}, this run writes {columns}; {fix}")
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.endswith(("\n", "\r")):
+            cut_short = True  # only the last line can be: a write that was cut off
+            continue
+        fields = next(csv.reader([line]), [])
+        if not fields:
+            continue
+        try:
+            round_number = int(fields[0])
+        except ValueError:
+            raise ConfigError(
+                f"{path} line {number}: the round {fields[0]!r} is not an integer; {fix}"
+            ) from None
+        if round_number > up_to:
+            after += 1
+            continue
+        if round_number < 1:
+            raise ConfigError(f"{path} line {number}: round {round_number} is not >= 1; {fix}")
+        if round_number in seen:
+            raise ConfigError(
+                f"{path} lists round {round_number} twice (lines {seen[round_number]} and "
+                f"{number}); {fix}"
+            )
+        seen[round_number] = number
+        row = dict(zip(columns, fields, strict=False))
+        if len(fields) == len(columns) and _row_is_sound(config, row, round_number):
+            rows[round_number] = row
+    missing = [r for r in range(1, up_to + 1) if r not in rows]
+    if cut_short and not missing:
+        after += 1  # the rows up to the checkpoint are whole: the cut row came after them
+    if missing:
+        for r in missing:
+            rows[r] = _rebuilt_row(session, r)
+        why = "the file was missing" if text is None else "missing, cut short or unreadable rows"
+        echo(
+            f"{path}: rounds {_ranges(missing)} rebuilt from the checkpoint ({why}): round, "
+            f"participants and epsilon; their losses and accuracy are lost and left empty"
+        )
+    if after:
+        echo(f"{path}: {after} rows after the checkpoint (round {up_to}) dropped; they run again")
+    ordered = [rows[r] for r in range(1, up_to + 1)]
+    listed = sum(int(row["participants"]) for row in ordered)
+    if listed != participants:
+        raise ConfigError(
+            f"{path} lists {listed} participants in rounds 1-{up_to}, the checkpoint "
+            f"{participants}; the file belongs to another run or was edited; {fix}"
+        )
+    return ordered
 
 
 def _train(
@@ -580,11 +814,13 @@ def _train(
             raise ConfigError(
                 f"checkpoint {run_dir / CHECKPOINT_FILE} does not fit this run: {first}"
             ) from None
+        _check_history(session, start, f"checkpoint {run_dir / CHECKPOINT_FILE}")
     seconds = float(state["seconds"]) if state is not None else 0.0
     participants_total = int(state["participants"]) if state is not None else 0
     columns = _metric_columns(config)
     metrics_path = run_dir / METRICS_FILE
-    rows = _read_metrics(metrics_path, start)
+    # Every check has passed once the rows are read; only then is anything written.
+    rows = _metrics_rows(session, metrics_path, start, participants_total, echo)
     last_acc: float | None = None
     for row in rows:
         if row["test_accuracy"]:
@@ -637,6 +873,7 @@ def _train(
                 bar.set_postfix(postfix, refresh=False)
                 if done % t.checkpoint_every == 0 or done == rounds or stop.requested:
                     fh.flush()
+                    _check_history(session, done, "this session")
                     _atomic_save(
                         session.state(done, seconds, participants_total),
                         run_dir / CHECKPOINT_FILE,
@@ -671,21 +908,49 @@ def _train(
     if done == rounds:
         from .plots import plot_run
 
+        _check_accountant(session, done)  # before the summary and the plots are written
         result.plots = plot_run(run_dir)
         (run_dir / SUMMARY_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-        _check_accountant(session, done)
     return result
 
 
+def _check_history(session: _Session, rounds: int, where: str) -> None:
+    """Check that the accountant holds exactly the rounds the config implies.
+
+    The epsilon curves of ``metrics.csv`` are computed from the config, ``rounds`` rounds of
+    ``(noise_multiplier, sample_rate)``; the accountant must hold the same history, or the
+    curves would misstate what was released.
+
+    Raises:
+        ConfigError: one line naming ``where`` the history came from.
+    """
+    held = [entry for entry in session.engine.accountant.history if entry[2]]
+    sigma = float(session.config.privacy.noise_multiplier)
+    expected = [(sigma, session.curves.sample_rate, rounds)] if rounds else []
+    if held != expected:
+        raise ConfigError(
+            f"{where}: the accountant holds the rounds {held} (noise_multiplier, sample_rate, "
+            f"rounds) but config.yaml implies {expected}; the epsilon curves would not describe "
+            f"the training. Restore the config.yaml and checkpoint that belong together, or start "
+            f"a new run"
+        )
+
+
 def _check_accountant(session: _Session, rounds: int) -> None:
-    """Check that the Opacus accountant and the ``exact`` curve give the same epsilon."""
+    """Check that the Opacus accountant and the ``exact`` curve give the same epsilon.
+
+    Raises:
+        ConfigError: one line, if they differ.
+    """
+    _check_history(session, rounds, "at the end of the run")
     if "exact" not in session.curves.names:
         return
     ours = session.curves.epsilon("exact", rounds)
     theirs = session.engine.get_epsilon(delta=session.config.privacy.delta)
     if not math.isclose(ours, theirs, rel_tol=1e-9, abs_tol=1e-12):
-        raise RuntimeError(
-            f"the accountant's epsilon {theirs} differs from the exact curve's {ours}"
+        raise ConfigError(
+            f"the accountant's epsilon {theirs} differs from the exact curve's {ours}; no "
+            f"summary or plot was written"
         )
 
 
@@ -712,7 +977,9 @@ def run(
         A :class:`RunResult`; plots and ``summary.json`` are written once all rounds are done.
 
     Raises:
-        ConfigError: if ``run_dir`` is not empty.
+        ConfigError: if ``run_dir`` is not empty or is in use, or a directory cannot be created
+            (``output_dir`` a file, say).
+        RunFileError: if a file of the run cannot be written (a full disk).
         shuffle_experiments.data.MnistNotFoundError: if MNIST cannot be found.
     """
     config = validate(config.model_dump(mode="json"))
@@ -721,13 +988,18 @@ def run(
         run_dir = new_run_dir(config)
     else:
         run_dir = Path(run_dir)
-        if run_dir.exists() and any(run_dir.iterdir()):
+        if run_dir.exists() and not run_dir.is_dir():
+            raise ConfigError(f"run directory {run_dir} exists and is not a directory")
+        _make_dir(run_dir, "run directory")
+    with _run_lock(run_dir):
+        if not own_dir and any(run_dir.iterdir()):
             raise ConfigError(f"run directory {run_dir} is not empty; use --resume to continue it")
-        run_dir.mkdir(parents=True, exist_ok=True)
-    _write_yaml(config, run_dir / CONFIG_FILE)
-    if own_dir:
-        _point_latest_at(run_dir)
-    return _train(config, run_dir, state=None, progress=progress, stop_after=stop_after, echo=echo)
+        _write_yaml(config, run_dir / CONFIG_FILE)
+        if own_dir:
+            _point_latest_at(run_dir)
+        return _train(
+            config, run_dir, state=None, progress=progress, stop_after=stop_after, echo=echo
+        )
 
 
 def resume(
@@ -749,27 +1021,36 @@ def resume(
         A :class:`RunResult`.
 
     Raises:
-        ConfigError: if ``run_dir`` has no config or no checkpoint, or is already complete.
+        ConfigError: if ``run_dir`` is in use by another session, has no config or no
+            checkpoint, is already complete, or its checkpoint, config and ``metrics.csv`` do
+            not fit together (one line, before anything is written).
+        RunFileError: if a checkpoint cannot be written.
     """
     run_dir = Path(run_dir)
-    config_path = run_dir / CONFIG_FILE
-    if not config_path.exists():
-        raise ConfigError(f"--resume {run_dir}: no {CONFIG_FILE} there; is it a run directory?")
-    config = load_config(config_path)
-    ckpt = run_dir / CHECKPOINT_FILE
-    if not ckpt.exists():
-        raise ConfigError(
-            f"--resume {run_dir}: no {CHECKPOINT_FILE} yet (the run stopped before its first "
-            "checkpoint); start it again"
+    if not run_dir.is_dir():
+        raise ConfigError(f"--resume {run_dir}: not a directory; is it a run directory?")
+    with _run_lock(run_dir):
+        config_path = run_dir / CONFIG_FILE
+        if not config_path.exists():
+            raise ConfigError(f"--resume {run_dir}: no {CONFIG_FILE} there; is it a run directory?")
+        config = load_config(config_path)
+        ckpt = run_dir / CHECKPOINT_FILE
+        if not ckpt.exists():
+            raise ConfigError(
+                f"--resume {run_dir}: no {CHECKPOINT_FILE} yet (the run stopped before its first "
+                "checkpoint); start it again"
+            )
+        state = load_checkpoint(ckpt, config)
+        if int(state["round"]) >= config.training.rounds:
+            raise ConfigError(
+                f"--resume {run_dir}: the run is complete ({state['round']} of "
+                f"{config.training.rounds} rounds)"
+            )
+        _remove_stale_temporaries(run_dir)
+        echo(f"resuming {run_dir} at round {int(state['round']) + 1} of {config.training.rounds}")
+        return _train(
+            config, run_dir, state=state, progress=progress, stop_after=stop_after, echo=echo
         )
-    state = load_checkpoint(ckpt, config)
-    if int(state["round"]) >= config.training.rounds:
-        raise ConfigError(
-            f"--resume {run_dir}: the run is complete ({state['round']} of "
-            f"{config.training.rounds} rounds)"
-        )
-    echo(f"resuming {run_dir} at round {int(state['round']) + 1} of {config.training.rounds}")
-    return _train(config, run_dir, state=state, progress=progress, stop_after=stop_after, echo=echo)
 
 
 def summary_table(result: RunResult) -> str:

@@ -2,6 +2,12 @@
 
 Every check raises ``ValueError`` with one line that names the parameter, the allowed range and
 the value found, in the style ``"sigma must be > 0. Found -1."``.
+
+What counts as a number is the same everywhere: a real number in the sense of
+:class:`numbers.Real` (Python ``int``, ``float``, ``fractions.Fraction`` and numpy's integer and
+floating scalars). Booleans (Python's and numpy's), strings, arrays and tensors are refused,
+whatever they would convert to: ``noise_multiplier="1.0"`` or ``True`` is an error, not 1.0.
+Convert a 0-d tensor or array with ``.item()`` first.
 """
 
 from __future__ import annotations
@@ -33,6 +39,20 @@ COUNT_NAMES = frozenset({"n", "m", "k", "steps", "rounds", "population", "sample
 """Parameters :func:`check_int` caps at :data:`MAX_INT` when no ``maximum`` is given."""
 
 
+def _real(value: object) -> float | None:
+    """Return ``value`` as ``float`` if it is a real number (see the module docstring)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
+def _found(value: object) -> str:
+    """Describe a value in a message: its repr, and its type when that is not a number."""
+    if _real(value) is None:
+        return f"{value!r} (a {type(value).__name__}, not a real number)"
+    return repr(value)
+
+
 def check_int(name: str, value: object, *, minimum: int = 1, maximum: int | None = None) -> int:
     """Return ``value`` as ``int`` if it is an integer in ``[minimum, maximum]``.
 
@@ -44,7 +64,7 @@ def check_int(name: str, value: object, *, minimum: int = 1, maximum: int | None
             lies outside the range.
     """
     if isinstance(value, bool) or not isinstance(value, (numbers.Integral, float, np.floating)):
-        raise ValueError(f"{name} must be an integer >= {minimum}. Found {value!r}.")
+        raise ValueError(f"{name} must be an integer >= {minimum}. Found {_found(value)}.")
     if isinstance(value, (float, np.floating)) and not float(value).is_integer():
         raise ValueError(f"{name} must be an integer >= {minimum}. Found {value!r}.")
     ivalue = int(value)
@@ -57,15 +77,14 @@ def check_int(name: str, value: object, *, minimum: int = 1, maximum: int | None
 
 
 def check_positive(name: str, value: object) -> float:
-    """Return ``value`` as ``float`` if it is a finite number ``> 0``.
+    """Return ``value`` as ``float`` if it is a finite real number ``> 0``.
 
     Raises:
-        ValueError: otherwise.
+        ValueError: otherwise (a bool, string or tensor included).
     """
-    try:
-        fvalue = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number > 0. Found {value!r}.") from None
+    fvalue = _real(value)
+    if fvalue is None:
+        raise ValueError(f"{name} must be a finite number > 0. Found {_found(value)}.")
     if not math.isfinite(fvalue) or fvalue <= 0.0:
         raise ValueError(f"{name} must be a finite number > 0. Found {value!r}.")
     return fvalue
@@ -77,44 +96,45 @@ floats. Outside it epsilon is 0 or unbounded to every printed digit anyway."""
 
 
 def check_sigma(value: object, name: str = "sigma") -> float:
-    """Return a noise ratio as ``float`` if it is a number in :data:`SIGMA_RANGE`.
+    """Return a noise ratio as ``float`` if it is a real number in :data:`SIGMA_RANGE`.
 
     Raises:
         ValueError: otherwise, naming the range.
     """
     low, high = SIGMA_RANGE
-    message = f"{name} must be a finite number > 0 in [{low:g}, {high:g}]. Found {value!r}."
-    try:
-        fvalue = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(message) from None
-    if not (low <= fvalue <= high):
+    message = f"{name} must be a finite number > 0 in [{low:g}, {high:g}]. Found {_found(value)}."
+    fvalue = _real(value)
+    if fvalue is None or not (low <= fvalue <= high):
         raise ValueError(message)
     return fvalue
 
 
 def check_nonnegative(name: str, value: object) -> float:
-    """Return ``value`` as ``float`` if it is a finite number ``>= 0``."""
-    try:
-        fvalue = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number >= 0. Found {value!r}.") from None
+    """Return ``value`` as ``float`` if it is a finite real number ``>= 0``.
+
+    Raises:
+        ValueError: otherwise (a bool, string or tensor included).
+    """
+    fvalue = _real(value)
+    if fvalue is None:
+        raise ValueError(f"{name} must be a finite number >= 0. Found {_found(value)}.")
     if not math.isfinite(fvalue) or fvalue < 0.0:
         raise ValueError(f"{name} must be a finite number >= 0. Found {value!r}.")
     return fvalue
 
 
 def check_probability(name: str, value: object, *, allow_zero: bool = False) -> float:
-    """Return ``value`` as ``float`` if it lies in ``(0, 1]`` (``[0, 1]`` with ``allow_zero``).
+    """Return ``value`` as ``float`` if it is a real number in ``(0, 1]`` (or ``[0, 1]``).
+
+    The closed interval applies with ``allow_zero``.
 
     Raises:
-        ValueError: otherwise.
+        ValueError: otherwise (a bool, string or tensor included).
     """
     interval = "[0, 1]" if allow_zero else "(0, 1]"
-    try:
-        fvalue = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be in {interval}. Found {value!r}.") from None
+    fvalue = _real(value)
+    if fvalue is None:
+        raise ValueError(f"{name} must be a number in {interval}. Found {_found(value)}.")
     low_ok = fvalue >= 0.0 if allow_zero else fvalue > 0.0
     if not (math.isfinite(fvalue) and low_ok and fvalue <= 1.0):
         raise ValueError(f"{name} must be in {interval}. Found {value!r}.")
@@ -122,15 +142,14 @@ def check_probability(name: str, value: object, *, allow_zero: bool = False) -> 
 
 
 def check_delta(value: object, name: str = "delta") -> float:
-    """Return ``value`` as ``float`` if it lies in the open interval ``(0, 1)``.
+    """Return ``value`` as ``float`` if it is a real number in the open interval ``(0, 1)``.
 
     Raises:
-        ValueError: otherwise.
+        ValueError: otherwise (a bool, string or tensor included).
     """
-    try:
-        fvalue = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be in (0, 1). Found {value!r}.") from None
+    fvalue = _real(value)
+    if fvalue is None:
+        raise ValueError(f"{name} must be a number in (0, 1). Found {_found(value)}.")
     if not (0.0 < fvalue < 1.0):
         raise ValueError(f"{name} must be in (0, 1). Found {value!r}.")
     return fvalue

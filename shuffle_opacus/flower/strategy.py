@@ -13,7 +13,10 @@
   anything else looks at them; every reply must echo the strategy's σ, C, γ, δ and
   sensitivity (:meth:`~shuffle_opacus.flower.config.ShufflePrivacyConfig.differences`) and
   have the shapes of the model sent, or the run stops with :class:`ProtocolViolationError`;
-  FedAvg then averages the anonymous reports with equal weights;
+  a report farther from the model sent than an honest one can be
+  (:meth:`~ShuffleCheckInFedAvg.report_bound`, non-finite values included) is dropped and
+  counted in the round's ``num-rejected``; FedAvg then averages the remaining anonymous reports
+  with equal weights;
 * **accountant**: every round that was configured is accounted by the package's check-in
   analysis (:func:`shuffle_opacus.history_epsilon` with protocol ``checkin``, population
   ``num_nodes``), and the round's ``MetricRecord`` carries ``epsilon`` (at ``delta``);
@@ -61,7 +64,12 @@ from .config import CONFIG_KEYS, HANDSHAKE_KEY, NUM_EXAMPLES_KEY, ShufflePrivacy
 from .mod import REFUSED
 from .shuffler import ShuffledReplies, check_in, make_rng, shuffle_replies
 
-__all__ = ["ROUND_METRIC_KEYS", "ProtocolViolationError", "ShuffleCheckInFedAvg"]
+__all__ = [
+    "HONEST_REPORT_TAIL",
+    "ROUND_METRIC_KEYS",
+    "ProtocolViolationError",
+    "ShuffleCheckInFedAvg",
+]
 
 _CHECKIN = get_protocol("checkin")
 
@@ -74,7 +82,12 @@ ROUND_METRIC_KEYS: tuple[str, ...] = (
     "num-checked-in",
     "num-reports",
     "num-dropped",
+    "num-rejected",
 )
+
+#: Probability with which an honest report may exceed
+#: :meth:`ShuffleCheckInFedAvg.report_bound` (and be dropped).
+HONEST_REPORT_TAIL = 1e-12
 
 
 class ProtocolViolationError(RuntimeError):
@@ -167,6 +180,7 @@ class ShuffleCheckInFedAvg(FedAvg):
         self._rng = rng
         self._unprotected_rounds = 0
         self._open_rounds: dict[int, tuple[int, dict[str, tuple[tuple[int, ...], np.dtype]]]] = {}
+        self._sent: dict[int, dict[str, np.ndarray]] = {}
         if privacy.noise_multiplier == 0.0:
             log(WARNING, "noise_multiplier = 0: the reports carry no noise; epsilon is infinite")
         if privacy.delta >= 1.0 / num_nodes:
@@ -229,6 +243,35 @@ class ShuffleCheckInFedAvg(FedAvg):
             self.history[-1] = (sigma, rate, self.history[-1][2] + 1)
         else:
             self.history.append((sigma, rate, 1))
+
+    def report_bound(self, dimension: int) -> float:
+        """Return the L2 distance from the model sent beyond which a report is dropped.
+
+        An honest report is ``received + clipped update + noise`` with the update's norm at
+        most ``C`` and the noise ``σC Z``, ``Z ~ N(0, I_d)`` over all ``d`` coordinates. By the
+        Gaussian concentration of the norm (Laurent and Massart, *Adaptive estimation of a
+        quadratic functional by model selection*, Annals of Statistics 28(5), 2000, Lemma 1:
+        ``P(|Z|² >= d + 2 sqrt(d x) + 2x) <= exp(-x)``, and ``d + 2 sqrt(d x) + 2x <=
+        (sqrt(d) + sqrt(2x))²``), ``|Z| < sqrt(d) + sqrt(2 log(1/p))`` except with probability
+        ``p =`` :data:`HONEST_REPORT_TAIL`. So an honest report lies within
+
+            ``C + σC (sqrt(d) + sqrt(2 log(1/p)))``
+
+        of the model sent, except with probability at most ``p`` (10⁻¹²). Rounding to the
+        model's dtype is allowed for separately (see :meth:`aggregate_train`).
+
+        Args:
+            dimension: ``d``, the number of coordinates of the model (integer >= 1).
+
+        Returns:
+            The bound, in parameter units.
+
+        Raises:
+            ValueError: for a dimension that is not an integer >= 1.
+        """
+        d = check_int("dimension", dimension, minimum=1)
+        c, sigma = self.privacy.clip_norm, self.privacy.noise_multiplier
+        return c + sigma * c * (math.sqrt(d) + math.sqrt(2.0 * math.log(1.0 / HONEST_REPORT_TAIL)))
 
     # --- rounds -------------------------------------------------------------------------
 
@@ -355,6 +398,10 @@ class ShuffleCheckInFedAvg(FedAvg):
         shapes = {name: (tuple(a.shape), np.dtype(a.dtype)) for name, a in arrays.items()}
         self._account_round()
         self._open_rounds[server_round] = (len(chosen), shapes)
+        if chosen:
+            self._sent[server_round] = {
+                name: np.asarray(a.numpy(), dtype=np.float64) for name, a in arrays.items()
+            }
         log(INFO, "check-in: %d of %d nodes", len(chosen), len(node_ids))
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: instruction})
         return [
@@ -391,15 +438,36 @@ class ShuffleCheckInFedAvg(FedAvg):
                     f"round {server_round}: array {name!r} came back with shape {value.shape} "
                     f"and dtype {value.dtype}; sent {shapes[name]}."
                 )
+
+    def _within_bound(self, report: Message, model: dict[str, np.ndarray]) -> bool:
+        """Whether a (checked) report lies within :meth:`report_bound` of the model sent."""
+        ((_, record),) = report.content.array_records.items()
+        squared, size, scale, unit = 0.0, 0, 0.0, 0.0
+        for name, array in record.items():
+            value = array.numpy()
+            base = model[name]
             if not np.all(np.isfinite(value)):
-                raise ProtocolViolationError(
-                    f"round {server_round}: array {name!r} of a reply is not finite."
-                )
+                return False
+            diff = value.astype(np.float64) - base
+            squared += float(np.dot(diff.ravel(), diff.ravel()))
+            scale += float(np.dot(base.ravel(), base.ravel()))
+            size += base.size
+            unit = max(unit, float(np.finfo(value.dtype).eps))
+        bound = self.report_bound(max(size, 1))
+        # The mod computes in float64 and rounds each coordinate to the model's dtype: an
+        # error of at most eps/2 of the value, so at most eps/2 (|model| + bound) in norm.
+        return math.sqrt(squared) <= bound + unit * (math.sqrt(scale) + bound)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Shuffle the replies, check them, average them and report ε.
+        """Shuffle the replies, check them, drop the out-of-bound ones, average, report ε.
+
+        A report whose distance to the model sent exceeds :meth:`report_bound` (or that holds
+        a non-finite value) cannot come from a node that follows the protocol, except with
+        probability :data:`HONEST_REPORT_TAIL`; it is dropped before averaging and counted in
+        ``num-rejected``. The test looks at each report of the anonymous multiset alone, so it
+        is post-processing of the shuffler's output and changes no privacy number.
 
         Returns:
             ``(arrays, metrics)``: the average of the reports (``None`` when there is none)
@@ -413,6 +481,7 @@ class ShuffleCheckInFedAvg(FedAvg):
         if server_round not in self._open_rounds:
             return None, None
         sent, shapes = self._open_rounds.pop(server_round)
+        model = self._sent.pop(server_round, {})
         shuffled: ShuffledReplies = shuffle_replies(replies, self._rng)
         reports = shuffled.reports
         dropped = sent - len(reports)
@@ -430,9 +499,20 @@ class ShuffleCheckInFedAvg(FedAvg):
             log(WARNING, "%s; continuing outside the analysis", message)
         for report in reports:
             self._check_report(server_round, report, shapes)
+        kept = [report for report in reports if self._within_bound(report, model)]
+        rejected = len(reports) - len(kept)
+        if rejected:
+            log(
+                WARNING,
+                "round %d: %d of %d reports lie beyond the bound an honest report meets and "
+                "were dropped",
+                server_round,
+                rejected,
+                len(reports),
+            )
         arrays = None
-        if reports:
-            arrays, _ = super().aggregate_train(server_round, reports)
+        if kept:
+            arrays, _ = super().aggregate_train(server_round, kept)
         epsilon = self.epsilon()
         self.epsilons[server_round] = epsilon
         values: dict[str, float | int] = {
@@ -443,6 +523,7 @@ class ShuffleCheckInFedAvg(FedAvg):
             "num-checked-in": sent,
             "num-reports": len(reports),
             "num-dropped": dropped,
+            "num-rejected": rejected,
         }
         self.round_metrics[server_round] = values
         return arrays, MetricRecord(dict(values))

@@ -16,6 +16,7 @@ import gzip
 import os
 import pickle
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,11 +82,20 @@ def tiny_pickle(tmp_path_factory) -> list[str]:
     return ["data.source=pickle", f"data.pickle_path={path}"]
 
 
+@pytest.fixture(scope="module")
+def stopped_template(tmp_path_factory):
+    """A run of the small config stopped (with a checkpoint) after round 4; copied per test."""
+    base = tmp_path_factory.mktemp("stopped")
+    run_dir = base / "run"
+    runner.run(small_config(base), run_dir=run_dir, progress=False, stop_after=4, echo=quiet)
+    return run_dir
+
+
 @pytest.fixture
-def stopped(tmp_path):
-    """A run of the small config stopped (with a checkpoint) after round 4."""
+def stopped(stopped_template, tmp_path):
+    """A fresh copy of ``stopped_template`` that a test may damage or resume."""
     run_dir = tmp_path / "run"
-    runner.run(small_config(tmp_path), run_dir=run_dir, progress=False, stop_after=4, echo=quiet)
+    shutil.copytree(stopped_template, run_dir)
     return run_dir
 
 
@@ -182,6 +192,119 @@ def test_cli_reports_a_damaged_checkpoint_on_one_line(stopped, capsys):
     assert main(["train", "--resume", str(stopped), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is truncated, corrupted or not a checkpoint" in err
+
+
+# --- check, then write ----------------------------------------------------------------------
+
+
+def _snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir())}
+
+
+def test_resume_refuses_an_accountant_the_config_contradicts_before_writing(stopped):
+    """config.yaml and the checkpoint's copy both edited (sigma x 4): the accountant says no."""
+    raw = yaml.safe_load((stopped / "config.yaml").read_text())
+    raw["privacy"]["noise_multiplier"] *= 4
+    (stopped / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    state = torch.load(stopped / "checkpoint.pt", weights_only=True)
+    state["config"]["privacy"]["noise_multiplier"] = raw["privacy"]["noise_multiplier"]
+    torch.save(state, stopped / "checkpoint.pt")
+    before = _snapshot(stopped)
+    message = resume_error(stopped)
+    assert "the accountant holds the rounds" in message and "config.yaml implies" in message
+    assert _snapshot(stopped) == before  # no summary, plot or metrics row was written
+
+
+def test_a_second_session_in_the_same_run_directory_is_refused(stopped):
+    import fcntl
+
+    before = _snapshot(stopped)
+    fd = os.open(stopped, os.O_RDONLY)  # what a running session holds
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert "is in use by another training session" in resume_error(stopped)
+    finally:
+        os.close(fd)
+    assert _snapshot(stopped) == before
+
+
+def test_output_dir_that_is_a_file_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    argv = ["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--no-progress"]
+    assert main([*argv, "--set", f"output_dir={blocker}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"output_dir: cannot create the directory {blocker / 'smoke'} (Not a directory)" in err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(b"the previous checkpoint")
+    tmp = tmp_path / "checkpoint.pt.tmp"
+    tmp.symlink_to("/dev/full")  # every write to it fails with ENOSPC, as on a full disk
+    with pytest.raises(OSError, match=r"cannot write .*checkpoint.pt \(No space left on dev"):
+        runner._atomic_save({"weights": torch.zeros(4096)}, path)
+    assert path.read_bytes() == b"the previous checkpoint"
+    assert not tmp.exists() and not tmp.is_symlink()
+
+
+def _edit_metrics(run_dir: Path, edit) -> None:
+    path = run_dir / "metrics.csv"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(edit(lines)))
+
+
+def _resume_one_round(run_dir: Path) -> list[str]:
+    said: list[str] = []
+    runner.resume(run_dir, progress=False, echo=said.append, stop_after=5)
+    return said
+
+
+def test_a_row_cut_at_the_checkpoint_round_is_rebuilt_and_said(stopped, reference):
+    cut = rows(stopped)[3]
+    row = f"4,{cut['participants']},{cut['train_loss']},,,\n"  # the rest of the row is lost
+    _edit_metrics(stopped, lambda ls: [*ls[:4], row])
+    said = _resume_one_round(stopped)
+    assert any("rounds 4 rebuilt from the checkpoint" in line for line in said), said
+    got, want = rows(stopped), rows(reference)
+    assert [int(r["round"]) for r in got] == [1, 2, 3, 4, 5]
+    assert got[3]["eps_exact"] == want[3]["eps_exact"] != ""
+    assert got[3]["participants"] == want[3]["participants"]
+    assert got[3]["test_accuracy"] == "" and got[:3] == want[:3] and got[4] == want[4]
+
+
+def test_a_deleted_metrics_file_is_rebuilt_up_to_the_checkpoint(stopped, reference):
+    (stopped / "metrics.csv").unlink()
+    said = _resume_one_round(stopped)
+    assert any("rounds 1-4 rebuilt from the checkpoint (the file was missing)" in s for s in said)
+    got, want = rows(stopped), rows(reference)
+    assert [int(r["round"]) for r in got] == [1, 2, 3, 4, 5]
+    for mine, theirs in zip(got[:4], want[:4], strict=True):
+        assert (mine["participants"], mine["eps_exact"]) == (
+            theirs["participants"],
+            theirs["eps_exact"],
+        )
+        assert mine["train_loss"] == mine["test_accuracy"] == ""
+    assert got[4] == want[4]
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda ls: [ls[0], "x" + ls[1], *ls[2:]], "metrics.csv line 2: the round 'x1' is not an"),
+        (lambda ls: [*ls, ls[2]], "metrics.csv lists round 2 twice (lines 3 and 6)"),
+        (lambda ls: [ls[0].replace("eps_exact", "eps"), *ls[1:]], "has the columns"),
+        (lambda ls: [ls[0], ls[1].replace(",", ",1", 1), *ls[2:]], "participants in rounds 1-4"),
+    ],
+)  # fmt: skip
+def test_metrics_that_cannot_be_interpreted_are_refused_in_one_line(stopped, edit, message):
+    _edit_metrics(stopped, edit)
+    before = _snapshot(stopped)
+    got = resume_error(stopped)
+    assert message in got and str(stopped / "metrics.csv") in got
+    assert _snapshot(stopped) == before
 
 
 # --- SIGKILL at random moments ------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("flwr")
 
 import opacus.accountants  # noqa: E402, F401  (registration runs before the import below)
-from flwr.app import ArrayRecord, ConfigRecord  # noqa: E402
+from flwr.app import Array, ArrayRecord, ConfigRecord  # noqa: E402
 
 from shuffle_opacus.accountants import ShuffledCheckInAccountant  # noqa: E402
 from shuffle_opacus.flower import (  # noqa: E402
@@ -177,6 +177,49 @@ def test_aggregate_is_the_mean_of_clipped_updates():
 
 def base_flat(base):
     return np.concatenate([v.ravel() for v in base.values()])
+
+
+def _forging(pid_forged: int, value: float):
+    """An outer mod: node ``pid_forged`` replaces its report by ``value`` everywhere, keeping
+    the mod's echo (a node that skips the privacy mod but answers like one)."""
+
+    def forge(msg, ctx, call_next):
+        reply = call_next(msg, ctx)
+        if int(ctx.node_config["partition-id"]) == pid_forged and reply.content.array_records:
+            arrays = reply.content["arrays"]
+            for name in list(arrays.keys()):
+                big = np.full_like(arrays[name].numpy(), value)
+                arrays[name] = Array(big)
+        return reply
+
+    return forge
+
+
+@pytest.mark.parametrize("value", [1e30, np.inf])
+def test_a_report_beyond_the_honest_bound_is_dropped_and_counted(value):
+    """One node of four sends 1e30 (or inf) with the right echo: dropped, counted, no effect."""
+    mod = LocalShuffleDPMod(min_noise_multiplier=0.0)
+    app = numpy_app(
+        shift_update(0.1), with_mod=False, leak=False, extra_mods=[_forging(0, value), mod]
+    )
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(sigma=1.0, rate=1.0), num_nodes=4, seed=2)
+    result = run(strategy, InProcessGrid(app, 4), 2)
+    d = 10  # the model's coordinates: (2, 3) and (4,)
+    bound = 1.0 + 1.0 * (math.sqrt(d) + math.sqrt(2 * math.log(1e12)))
+    assert strategy.report_bound(d) == pytest.approx(bound, rel=1e-15)
+    for metrics in result.train_metrics_clientapp.values():
+        assert (metrics["num-reports"], metrics["num-rejected"]) == (4, 1)
+    weights = np.concatenate([a.numpy().ravel() for a in result.arrays.values()])
+    assert np.all(np.abs(weights) <= 2 * bound)  # two rounds of honest averages at most
+
+
+def test_honest_reports_are_never_dropped():
+    """Clipped updates plus noise stay within the bound (big updates, several noise levels)."""
+    for sigma in (0.0, 0.5, 3.0):
+        grid = InProcessGrid(numpy_app(shift_update(50.0)), 6)
+        strategy = ShuffleCheckInFedAvg(privacy=privacy(sigma=sigma, rate=1.0), num_nodes=6)
+        result = run(strategy, grid, 3)
+        assert [m["num-rejected"] for m in result.train_metrics_clientapp.values()] == [0] * 3
 
 
 def test_a_client_without_the_mod_stops_the_run_at_start_up():
