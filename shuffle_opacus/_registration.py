@@ -25,6 +25,11 @@ _TARGET = "opacus.accountants"
 
 
 def _register() -> None:
+    module = sys.modules.get(f"{__package__}.accountants")
+    if module is not None and not hasattr(module, "register_all"):
+        # shuffle_opacus.accountants is being imported and its own import of Opacus got here
+        # first: the module registers the accountants itself when it finishes.
+        return
     from . import accountants
 
     accountants.register_all()
