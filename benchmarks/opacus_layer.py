@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import shuffle_opacus
 from shuffle_opacus.accountants import ShuffledCheckInAccountant
-from shuffle_opacus.protocols import _cached_step_rdp
+from shuffle_opacus.analysis.mechanisms import _step_table as _cached_step_rdp
 from shuffle_opacus.sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler
 
 
