@@ -19,15 +19,31 @@ stay light. The torch-side helpers below are imported on first use.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _registration
-from .accounting import calibrate_noise_multiplier, history_epsilon
-from .protocols import PROTOCOLS, Protocol, analysis_sigma, get_protocol
+
+if TYPE_CHECKING:  # the names below, for type checkers; at run time they load on first use
+    from .accountants import (
+        ShuffleAccountant,
+        ShuffledCheckInAccountant,
+        SubsampledShuffleAccountant,
+    )
+    from .accounting import calibrate_noise_multiplier, history_epsilon
+    from .noise import LocalNoiseDPOptimizer
+    from .privacy import PrivacyOptions, make_private, make_private_with_epsilon
+    from .protocols import PROTOCOLS, Protocol, analysis_sigma, get_protocol
+    from .sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler
 
 __version__ = "0.1.0"
 
 _LAZY: dict[str, str] = {
+    "calibrate_noise_multiplier": "accounting",
+    "history_epsilon": "accounting",
+    "PROTOCOLS": "protocols",
+    "Protocol": "protocols",
+    "analysis_sigma": "protocols",
+    "get_protocol": "protocols",
     "make_private": "privacy",
     "make_private_with_epsilon": "privacy",
     "PrivacyOptions": "privacy",
@@ -41,18 +57,26 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "__version__",
+    "FixedSizeShuffledSampler",
+    "LocalNoiseDPOptimizer",
     "PROTOCOLS",
+    "PrivacyOptions",
     "Protocol",
+    "ShuffleAccountant",
+    "ShuffledCheckInAccountant",
+    "ShuffledCheckInSampler",
+    "SubsampledShuffleAccountant",
     "analysis_sigma",
     "calibrate_noise_multiplier",
     "get_protocol",
     "history_epsilon",
-    *_LAZY,
+    "make_private",
+    "make_private_with_epsilon",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    """Import the torch-side names on first access (PEP 562)."""
+    """Import a public name's module on first access (PEP 562): importing stays light."""
     if name in _LAZY:
         module = importlib.import_module(f".{_LAZY[name]}", __name__)
         value = getattr(module, name)

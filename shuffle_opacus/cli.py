@@ -37,7 +37,7 @@ from .analysis._validation import (
 )
 from .analysis.catalogue import CATALOGUE, PARAMETERS, account
 from .analysis.limits import CLI_MAX_SECONDS, observe
-from .analysis.pld.krr import KRR_ADVERSARIES
+from .analysis.options import KRR_ADVERSARIES
 from .analysis.rdp.conversion import OrderCapWarning
 from .protocols import PROTOCOL_NAMES, SENSITIVITIES, get_protocol, resolve_sensitivity
 

@@ -12,14 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ._lazy import lazy_function
 from ._validation import check_delta, check_int, check_positive, check_probability, check_sigma
-from .approximate.baselines import clones_results
-from .approximate.clones import CLONES_METHODS
 from .limits import API_MAX_SECONDS, MAX_ORDER, check_budget, work_budget
 from .mechanisms import MECHANISM_TABLE, Mechanism, compute_epsilon
-from .pld.krr import KRR_ADVERSARIES, krr_results
-from .pld.ldp import ldp_shuffle_results
+from .options import CLONES_METHODS, KRR_ADVERSARIES
 from .results import AccountingResult
+
+# Imported when first used: the catalogue itself stays light (see _lazy).
+clones_results = lazy_function("shuffle_opacus.analysis.approximate.baselines", "clones_results")
+krr_results = lazy_function("shuffle_opacus.analysis.pld.krr", "krr_results")
+ldp_shuffle_results = lazy_function("shuffle_opacus.analysis.pld.ldp", "ldp_shuffle_results")
 
 __all__ = ["CatalogueEntry", "CATALOGUE", "PARAMETERS", "account"]
 

@@ -42,20 +42,34 @@ import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
+from ._lazy import lazy_function
 from ._validation import check_delta, check_int, check_probability, check_sigma
 from .limits import MAX_ORDER, charge, largest_within, rdp_stage_seconds, report_progress
-from .pld.common import PLD_ACCOUNTING_SYMMETRISED, compose_plds
-from .pld.gaussian import pld_discretization, pld_tail, shuffle_gaussian_pld
-from .rdp.central import gaussian_rdp, poisson_subsampled_gaussian_rdp
-from .rdp.checkin import checkin_rdp
 from .rdp.conversion import EpsilonResult, epsilon_from_rdp
-from .rdp.shuffle_gaussian import no_shuffle_rdp, shuffle_gaussian_rdp
-from .rdp.subsampling import subsampled_gaussian_rdp, subsampled_shuffle_rdp
-from .results import AccountingResult
+from .results import PLD_ACCOUNTING_SYMMETRISED, AccountingResult
+
+if TYPE_CHECKING:
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
+# The maths behind the table, imported when first used (the table itself stays light).
+_A = "shuffle_opacus.analysis."
+compose_plds = lazy_function(_A + "pld.common", "compose_plds")
+pld_discretization = lazy_function(_A + "pld.gaussian", "pld_discretization")
+pld_tail = lazy_function(_A + "pld.gaussian", "pld_tail")
+shuffle_gaussian_pld = lazy_function(_A + "pld.gaussian", "shuffle_gaussian_pld")
+gaussian_rdp = lazy_function(_A + "rdp.central", "gaussian_rdp")
+poisson_subsampled_gaussian_rdp = lazy_function(
+    _A + "rdp.central", "poisson_subsampled_gaussian_rdp"
+)
+checkin_rdp = lazy_function(_A + "rdp.checkin", "checkin_rdp")
+no_shuffle_rdp = lazy_function(_A + "rdp.shuffle_gaussian", "no_shuffle_rdp")
+shuffle_gaussian_rdp = lazy_function(_A + "rdp.shuffle_gaussian", "shuffle_gaussian_rdp")
+subsampled_gaussian_rdp = lazy_function(_A + "rdp.subsampling", "subsampled_gaussian_rdp")
+subsampled_shuffle_rdp = lazy_function(_A + "rdp.subsampling", "subsampled_shuffle_rdp")
 
 __all__ = [
     "RdpFn",

@@ -34,6 +34,20 @@ last to first: ``no-bound`` (epsilon is infinite), ``no-privacy`` (epsilon above
 ``conversion-floor`` (a Rényi result made almost entirely of the conversion's own term) and
 ``normal``."""
 
+PLD_ACCOUNTING = (
+    "privacy loss distribution (dp_accounting; an upper bound in exact arithmetic, "
+    "floating-point rounding not bounded)"
+)
+"""How PLD results describe themselves: every truncation and discretisation is pessimistic and
+bounded, but the floating-point rounding of the masses and of ``dp_accounting``'s FFT
+compositions is not (a few 1e-11 of the mass per round, see docs/maths.md)."""
+
+PLD_ACCOUNTING_SYMMETRISED = (
+    "privacy loss distribution of the symmetrised pair (dp_accounting; an upper bound in exact "
+    "arithmetic, floating-point rounding not bounded)"
+)
+"""The same for the shuffle Gaussian's PLD, built from one pair that covers both orientations."""
+
 NO_PRIVACY_EPSILON = 50.0
 """Epsilon above which a guarantee is reported as effectively no privacy: it lets one user's
 presence change the odds of any event by a factor up to ``e^50``, about ``5e21``, more than the

@@ -38,6 +38,7 @@ from scipy.optimize import minimize_scalar
 from scipy.stats import binom
 
 from .._validation import check_delta, check_int, check_nonnegative, check_positive, check_sigma
+from ..options import CLONES_METHODS
 from .analytic_gaussian import gaussian_dp_epsilon
 
 __all__ = [
@@ -305,9 +306,6 @@ class GaussianClonesResult:
     delta_shuffle: float
     method: str
     amplified: bool
-
-
-CLONES_METHODS = ("numerical", "closed-form")
 
 
 def _gaussian_at(

@@ -8,31 +8,62 @@
 * :mod:`.common`: defaults, checks, pessimistic binning and heterogeneous composition.
 """
 
-from .common import (
-    DEFAULT_DISCRETIZATION,
-    DEFAULT_TAIL,
-    compose_plds,
-    default_tail,
-    pmf_from_losses,
-)
-from .gaussian import (
-    shuffle_gaussian_delta,
-    shuffle_gaussian_epsilon,
-    shuffle_gaussian_pair,
-    shuffle_gaussian_pld,
-)
-from .krr import KRR_ADVERSARIES, krr_delta, krr_eps0, krr_epsilon, krr_pld, krr_tail_delta
-from .ldp import (
-    MAX_EPS0,
-    FeldmanPair,
-    feldman_pair,
-    ldp_shuffle_delta,
-    ldp_shuffle_epsilon,
-    ldp_shuffle_pld,
-    ldp_shuffle_rdp,
-    subsampled_ldp_shuffle_pld,
-    subsampled_profile,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names below, for type checkers; at run time they load on first use
+    from .common import (
+        DEFAULT_DISCRETIZATION,
+        DEFAULT_TAIL,
+        compose_plds,
+        default_tail,
+        pmf_from_losses,
+    )
+    from .gaussian import (
+        shuffle_gaussian_delta,
+        shuffle_gaussian_epsilon,
+        shuffle_gaussian_pair,
+        shuffle_gaussian_pld,
+    )
+    from .krr import KRR_ADVERSARIES, krr_delta, krr_eps0, krr_epsilon, krr_pld, krr_tail_delta
+    from .ldp import (
+        MAX_EPS0,
+        FeldmanPair,
+        feldman_pair,
+        ldp_shuffle_delta,
+        ldp_shuffle_epsilon,
+        ldp_shuffle_pld,
+        ldp_shuffle_rdp,
+        subsampled_ldp_shuffle_pld,
+        subsampled_profile,
+    )
+
+_LAZY: dict[str, str] = {
+    "DEFAULT_DISCRETIZATION": ".common",
+    "DEFAULT_TAIL": ".common",
+    "compose_plds": ".common",
+    "default_tail": ".common",
+    "pmf_from_losses": ".common",
+    "shuffle_gaussian_delta": ".gaussian",
+    "shuffle_gaussian_epsilon": ".gaussian",
+    "shuffle_gaussian_pair": ".gaussian",
+    "shuffle_gaussian_pld": ".gaussian",
+    "KRR_ADVERSARIES": ".krr",
+    "krr_delta": ".krr",
+    "krr_eps0": ".krr",
+    "krr_epsilon": ".krr",
+    "krr_pld": ".krr",
+    "krr_tail_delta": ".krr",
+    "MAX_EPS0": ".ldp",
+    "FeldmanPair": ".ldp",
+    "feldman_pair": ".ldp",
+    "ldp_shuffle_delta": ".ldp",
+    "ldp_shuffle_epsilon": ".ldp",
+    "ldp_shuffle_pld": ".ldp",
+    "ldp_shuffle_rdp": ".ldp",
+    "subsampled_ldp_shuffle_pld": ".ldp",
+    "subsampled_profile": ".ldp",
+}
 
 __all__ = [
     "DEFAULT_DISCRETIZATION",
@@ -60,3 +91,17 @@ __all__ = [
     "subsampled_ldp_shuffle_pld",
     "subsampled_profile",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first access (PEP 562), so importing stays light."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """List the public names, those not loaded yet included."""
+    return sorted(set(globals()) | set(_LAZY))

@@ -15,7 +15,7 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
 from .._validation import check_delta, check_int, check_nonnegative, check_positive
-from ..results import AccountingResult
+from ..results import PLD_ACCOUNTING, PLD_ACCOUNTING_SYMMETRISED, AccountingResult
 
 __all__ = [
     "PLD_ACCOUNTING",
@@ -29,20 +29,6 @@ __all__ = [
     "compose_plds",
     "pld_results",
 ]
-
-PLD_ACCOUNTING = (
-    "privacy loss distribution (dp_accounting; an upper bound in exact arithmetic, "
-    "floating-point rounding not bounded)"
-)
-"""How PLD results describe themselves: every truncation and discretisation is pessimistic and
-bounded, but the floating-point rounding of the masses and of ``dp_accounting``'s FFT
-compositions is not (it is of the order of 1e-11 of the mass per round, see docs/maths.md)."""
-
-PLD_ACCOUNTING_SYMMETRISED = (
-    "privacy loss distribution of the symmetrised pair (dp_accounting; an upper bound in exact "
-    "arithmetic, floating-point rounding not bounded)"
-)
-"""The same for the shuffle Gaussian's PLD, built from one pair that covers both orientations."""
 
 DEFAULT_DISCRETIZATION = 1e-4
 """Default loss grid step of the PLDs."""

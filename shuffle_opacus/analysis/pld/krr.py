@@ -86,6 +86,7 @@ from scipy.special import gammaln, xlogy
 from scipy.stats import binom
 
 from .._validation import check_delta, check_int, check_nonnegative, check_probability
+from ..options import KRR_ADVERSARIES
 from ..results import AccountingResult
 from .common import (
     DEFAULT_DISCRETIZATION,
@@ -107,7 +108,6 @@ __all__ = [
     "krr_results",
 ]
 
-KRR_ADVERSARIES = ("strong", "weak")
 # Outcomes of the weak adversary enumerated per chunk (whole values of b per chunk).
 _CHUNK_POINTS = 2_000_000
 # Relative margin on the truncated mass computed from binom.cdf / binom.sf.
