@@ -11,6 +11,9 @@ stay light. The torch-side helpers below are imported on first use.
 * :class:`ShuffledCheckInSampler`, :class:`FixedSizeShuffledSampler`
   (:mod:`shuffle_opacus.sampling`)
 * :class:`LocalNoiseDPOptimizer` (:mod:`shuffle_opacus.noise`)
+* user level, clients with many examples training locally: :func:`make_private_clients`,
+  :class:`ClientPartition`, :func:`iid_partition`, :func:`dirichlet_partition`,
+  :func:`shard_partition` (:mod:`shuffle_opacus.clients`)
 * the accountant classes (:mod:`shuffle_opacus.accountants`)
 * :func:`calibrate_noise_multiplier` and :func:`history_epsilon` (:mod:`shuffle_opacus.accounting`,
   no torch), the protocol table :data:`PROTOCOLS` (:mod:`shuffle_opacus.protocols`, no torch)
@@ -34,6 +37,11 @@ _LAZY: dict[str, str] = {
     "ShuffledCheckInSampler": "sampling",
     "FixedSizeShuffledSampler": "sampling",
     "LocalNoiseDPOptimizer": "noise",
+    "make_private_clients": "clients",
+    "ClientPartition": "clients",
+    "iid_partition": "clients",
+    "dirichlet_partition": "clients",
+    "shard_partition": "clients",
     "ShuffleAccountant": "accountants",
     "SubsampledShuffleAccountant": "accountants",
     "ShuffledCheckInAccountant": "accountants",
