@@ -827,20 +827,21 @@ class FederatedTrainer:
                 torch.zeros((0, 0, 0), dtype=torch.long, device=self.inputs.device),
                 torch.zeros((0, 0, 0), dtype=self._params[0].dtype, device=self.inputs.device),
             )
-        batch = np.array([training.batch_size(int(s)) for s in np.unique(sizes)])
-        steps_of = {int(s): training.steps(int(s)) for s in np.unique(sizes)}
-        width = int(batch.max())
-        depth = max(steps_of.values())
+        limit = training.local_batch_size
+        batch = sizes if limit is None else np.minimum(sizes, int(limit))
+        if training.local_steps is not None:
+            steps = np.full(b, int(training.local_steps), dtype=np.int64)
+        else:
+            steps = int(training.local_epochs) * -(-sizes // batch)  # type: ignore[arg-type]
+        width, depth = int(batch.max()), int(steps.max())
         positions = np.full((b, depth, width), -1, dtype=np.int64)
-        whole = np.array([training.batch_size(int(s)) == int(s) for s in sizes])
+        whole = batch == sizes
         if whole.any():  # batches are the whole client: positions 0 .. size - 1, nothing drawn
             grid = np.arange(width)
             rows = np.flatnonzero(whole)
             valid = grid[None, :] < sizes[rows, None]
-            steps = np.array([steps_of[int(s)] for s in sizes[rows]])
-            for_steps = np.arange(depth)[None, :] < steps[:, None]
-            block = np.where(valid[:, None, :] & for_steps[:, :, None], grid, -1)
-            positions[rows] = block
+            for_steps = np.arange(depth)[None, :] < steps[rows, None]
+            positions[rows] = np.where(valid[:, None, :] & for_steps[:, :, None], grid, -1)
         for row in np.flatnonzero(~whole):
             drawn = _local_positions(
                 int(sizes[row]), training, self.sampler.seed, round_index, int(clients[row])
