@@ -11,6 +11,9 @@ stay light. The torch-side helpers below are imported on first use.
 * :class:`ShuffledCheckInSampler`, :class:`FixedSizeShuffledSampler`
   (:mod:`shuffle_opacus.sampling`)
 * :class:`LocalNoiseDPOptimizer` (:mod:`shuffle_opacus.noise`)
+* user level, clients with many examples training locally: :func:`make_private_clients`,
+  :class:`ClientPartition`, :func:`iid_partition`, :func:`dirichlet_partition`,
+  :func:`shard_partition` (:mod:`shuffle_opacus.clients`)
 * the accountant classes (:mod:`shuffle_opacus.accountants`)
 * :func:`calibrate_noise_multiplier` and :func:`history_epsilon` (:mod:`shuffle_opacus.accounting`,
   no torch), the protocol table :data:`PROTOCOLS` (:mod:`shuffle_opacus.protocols`, no torch)
@@ -30,6 +33,13 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time they load o
         SubsampledShuffleAccountant,
     )
     from .accounting import calibrate_noise_multiplier, history_epsilon
+    from .clients import (
+        ClientPartition,
+        dirichlet_partition,
+        iid_partition,
+        make_private_clients,
+        shard_partition,
+    )
     from .noise import LocalNoiseDPOptimizer
     from .privacy import PrivacyOptions, make_private, make_private_with_epsilon
     from .protocols import PROTOCOLS, Protocol, analysis_sigma, get_protocol
@@ -50,6 +60,11 @@ _LAZY: dict[str, str] = {
     "ShuffledCheckInSampler": "sampling",
     "FixedSizeShuffledSampler": "sampling",
     "LocalNoiseDPOptimizer": "noise",
+    "make_private_clients": "clients",
+    "ClientPartition": "clients",
+    "iid_partition": "clients",
+    "dirichlet_partition": "clients",
+    "shard_partition": "clients",
     "ShuffleAccountant": "accountants",
     "SubsampledShuffleAccountant": "accountants",
     "ShuffledCheckInAccountant": "accountants",
@@ -57,6 +72,11 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "__version__",
+    "ClientPartition",
+    "dirichlet_partition",
+    "iid_partition",
+    "make_private_clients",
+    "shard_partition",
     "FixedSizeShuffledSampler",
     "LocalNoiseDPOptimizer",
     "PROTOCOLS",

@@ -33,7 +33,7 @@ from opacus.optimizers.optimizer import (
 
 from .analysis._validation import check_positive, check_probability
 
-__all__ = ["NOISE_MODES", "LocalNoiseDPOptimizer"]
+__all__ = ["NOISE_MODES", "LocalNoiseDPOptimizer", "local_noise_sum"]
 
 NOISE_MODES: tuple[str, ...] = ("sum", "per_client")
 
@@ -191,26 +191,6 @@ class LocalNoiseDPOptimizer(DPOptimizer):
         self._is_last_step_skipped = False
         return True
 
-    def _per_client_noise(self, std: float, reports: int, reference: torch.Tensor) -> torch.Tensor:
-        total = torch.zeros_like(reference)
-        if reports == 0:
-            return total
-        chunk = max(1, _CHUNK_ELEMENTS // max(1, reference.numel()))
-        done = 0
-        while done < reports:
-            k = min(chunk, reports - done)
-            draws = torch.normal(
-                0.0,
-                std,
-                size=(k, *reference.shape),
-                device=reference.device,
-                dtype=reference.dtype,
-                generator=self.generator,
-            )
-            total += draws.sum(dim=0)
-            done += k
-        return total
-
     def add_noise(self) -> None:
         """Add the round's local noise to every ``p.summed_grad`` (result in ``p.grad``)."""
         reports = self._pending_reports
@@ -219,15 +199,14 @@ class LocalNoiseDPOptimizer(DPOptimizer):
         std = self.noise_multiplier * self.max_grad_norm
         for p in self.params:
             _check_processed_flag(p.summed_grad)
-            if self.noise_mode == "sum":
-                noise = _generate_noise(
-                    std=std * math.sqrt(reports),
-                    reference=p.summed_grad,
-                    generator=self.generator,
-                    secure_mode=self.secure_mode,
-                )
-            else:
-                noise = self._per_client_noise(std, reports, p.summed_grad)
+            noise = local_noise_sum(
+                std,
+                reports,
+                p.summed_grad,
+                mode=self.noise_mode,
+                generator=self.generator,
+                secure_mode=self.secure_mode,
+            )
             p.grad = (p.summed_grad + noise).view_as(p)
             _mark_as_processed(p.summed_grad)
 
@@ -236,3 +215,67 @@ class LocalNoiseDPOptimizer(DPOptimizer):
         if self.loss_reduction == "mean":
             for p in self.params:
                 p.grad /= self.expected_batch_size
+
+
+def local_noise_sum(
+    std: float,
+    reports: int,
+    reference: torch.Tensor,
+    *,
+    mode: str = "sum",
+    generator: torch.Generator | None = None,
+    secure_mode: bool = False,
+) -> torch.Tensor:
+    """Return the sum of ``reports`` independent ``N(0, std^2 I)`` draws shaped as ``reference``.
+
+    This is the noise of one round's aggregate when each of ``reports`` clients adds its own
+    ``N(0, std^2 I)`` to its report; both the example-level optimizer
+    (:class:`LocalNoiseDPOptimizer`) and the user-level trainer
+    (:mod:`shuffle_opacus.clients`) draw it here, so the same generator state gives the same
+    noise on both paths.
+
+    Args:
+        std: Each client's noise standard deviation (``noise_multiplier * C``), >= 0.
+        reports: Number of reports ``B`` (>= 0); ``0`` gives zeros and draws nothing.
+        reference: Tensor whose shape, dtype and device the noise takes.
+        mode: ``"sum"``: one draw with std ``std * sqrt(B)`` (Opacus's noise function, hence
+            its ``secure_mode``); ``"per_client"``: ``B`` draws summed, in chunks of at most
+            about four million values.
+        generator: Torch generator (``None``: the global one).
+        secure_mode: Opacus's floating-point-attack-resistant sampler (``sum`` mode only).
+
+    Returns:
+        The noise tensor.
+
+    Raises:
+        ValueError: for an unknown mode, or ``per_client`` with ``secure_mode``.
+    """
+    if mode not in NOISE_MODES:
+        raise ValueError(f"noise_mode must be one of {', '.join(NOISE_MODES)}. Found {mode!r}.")
+    if mode == "sum":
+        return _generate_noise(
+            std=std * math.sqrt(reports),
+            reference=reference,
+            generator=generator,
+            secure_mode=secure_mode,
+        )
+    if secure_mode:
+        raise ValueError("noise_mode='per_client' is a reference mode; it has no secure_mode.")
+    total = torch.zeros_like(reference)
+    if reports == 0:
+        return total
+    chunk = max(1, _CHUNK_ELEMENTS // max(1, reference.numel()))
+    done = 0
+    while done < reports:
+        k = min(chunk, reports - done)
+        draws = torch.normal(
+            0.0,
+            std,
+            size=(k, *reference.shape),
+            device=reference.device,
+            dtype=reference.dtype,
+            generator=generator,
+        )
+        total += draws.sum(dim=0)
+        done += k
+    return total

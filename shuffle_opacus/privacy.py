@@ -190,13 +190,26 @@ def _sampler(
     existing = data_loader.batch_sampler
     if isinstance(existing, ShuffleRoundSampler):
         return _existing_sampler(spec, name, existing, n, options)
+    return new_sampler(spec, name, n, options)
+
+
+def new_sampler(spec: Protocol, name: str, n: int, options: PrivacyOptions) -> ShuffleRoundSampler:
+    """Build the protocol's sampler over ``n`` clients from the options, after checking them.
+
+    Shared by :func:`make_private` (one example = one client) and
+    :func:`shuffle_opacus.clients.make_private_clients` (``n`` = number of clients).
+
+    Raises:
+        ValueError: for missing or out-of-range ``rounds``, ``rate``, ``sample_size``, ``seed``
+            or ``start_round``, naming the accountant to use where another one fits.
+    """
     if options.rounds is None:
         raise ValueError("rounds is required (an integer >= 1): the number of training rounds.")
     size = options.sample_size
     # Messages that name the accountant to use instead; the rest is the protocol's own check.
     if spec.parameter is None and size is not None and size != n:
         raise ValueError(
-            f"sample_size of the {name} accountant must equal the dataset size ({n}); use "
+            f"sample_size of the {name} accountant must equal the number of clients ({n}); use "
             f"{PROTOCOLS['subsampled'].accountant} for fewer clients per round. Found {size!r}."
         )
     if spec.parameter == "sample_size" and size == n:

@@ -109,3 +109,18 @@ def test_package_import_does_not_import_torch(finished):
 
 def test_a_foreign_accountant_under_our_name_is_left_alone(finished):
     assert finished("foreign") is None
+
+
+def test_lazy_names_are_exactly_the_public_names():
+    # Every public name of the package and of its maths layer loads on first use; a name added to
+    # one list and not the other would be either unreachable or undocumented.
+    import shuffle_opacus
+    import shuffle_opacus.analysis
+    import shuffle_opacus.analysis.pld
+
+    assert sorted(shuffle_opacus.__all__) == sorted(["__version__", *shuffle_opacus._LAZY])
+    for module in (shuffle_opacus.analysis, shuffle_opacus.analysis.pld):
+        assert sorted(module.__all__) == sorted(module._LAZY)
+    for module in (shuffle_opacus, shuffle_opacus.analysis, shuffle_opacus.analysis.pld):
+        for name in module._LAZY:
+            assert getattr(module, name) is not None, name

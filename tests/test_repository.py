@@ -54,7 +54,7 @@ def test_readme_main_job_is_the_quick_experiment():
     assert re.search(r"\]\(docs/figures/[^)]+\.png\)", README), "README must show the plot"
 
 
-@pytest.mark.parametrize("snippet_id", ["python-api", "opacus-loop"])
+@pytest.mark.parametrize("snippet_id", ["python-api", "opacus-loop", "clients-api"])
 def test_readme_python_snippets_run(snippet_id, capsys):
     match = re.search(rf"<!-- {snippet_id} -->\n```python\n(.+?)\n```", README, re.S)
     assert match, f"README snippet {snippet_id} missing"

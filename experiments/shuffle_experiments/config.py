@@ -26,6 +26,7 @@ from shuffle_opacus.protocols import resolve_sensitivity
 
 __all__ = [
     "BASELINES",
+    "ClientsConfig",
     "ALL_CURVES",
     "ConfigError",
     "ExperimentConfig",
@@ -212,6 +213,33 @@ class TrainingConfig(_Section):
         raise ValueError("must be auto, cpu, cuda or cuda:N")
 
 
+class ClientsConfig(_Section):
+    """User-level training: MNIST split into clients that train locally (optional section).
+
+    Without this section one training image is one client (example level). With it, the
+    ``data.train_subset`` images (all 60,000 by default) are split into ``count`` clients, each
+    participant trains locally from the global model and reports its clipped, noised update
+    (:func:`shuffle_opacus.clients.make_private_clients`); ``privacy.clipping_norm`` is the norm
+    of a client's whole update, the population of every epsilon is ``count`` and the optimizer
+    is the server's (SGD with ``lr: 1`` is FedAvg).
+    """
+
+    count: int = Field(gt=0, le=MAX_CLIENTS)
+    partition: Literal["iid", "dirichlet", "shards"] = "iid"
+    #: Dirichlet concentration over the labels (``partition: dirichlet``).
+    alpha: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    #: Label shards per client (``partition: shards``).
+    shards_per_client: int | None = Field(default=None, gt=0, le=MAX_CLIENTS)
+    local_steps: int | None = Field(default=None, gt=0, le=1 << 20)
+    local_epochs: int | None = Field(default=None, gt=0, le=1 << 20)
+    #: Examples per local step; ``null``: the whole client.
+    local_batch_size: int | None = Field(default=None, gt=0, le=MAX_CLIENTS)
+    client_lr: float = Field(gt=0, allow_inf_nan=False)
+    average: Literal["expected", "reports"] = "expected"
+    #: Clients trained together in one vectorised call.
+    chunk: int = Field(default=128, gt=0, le=MAX_CLIENTS)
+
+
 class ExperimentConfig(_Section):
     """The whole experiment."""
 
@@ -224,6 +252,7 @@ class ExperimentConfig(_Section):
     privacy: PrivacyConfig
     optimizer: OptimizerConfig
     training: TrainingConfig
+    clients: ClientsConfig | None = None
 
     def check_consistency(self) -> None:
         """Cross-field checks that a per-field schema cannot express.
@@ -245,7 +274,10 @@ class ExperimentConfig(_Section):
                 raise ConfigError(
                     f"protocol.{field} applies to {' and '.join(users)} only, got {value!r}"
                 )
-        clients = self.data.train_subset or 60000
+        examples = self.data.train_subset or 60000
+        clients = examples if self.clients is None else self.clients.count
+        if self.clients is not None:
+            self._check_clients(self.clients, examples)
         if p.rate is not None and p.rate * clients < 1e-6:
             raise ConfigError(
                 f"protocol.rate must be >= {1e-6 / clients:.3g} (at least one report expected "
@@ -275,6 +307,35 @@ class ExperimentConfig(_Section):
                     f"(available: {', '.join(allowed)})"
                 )
 
+    def _check_clients(self, c: ClientsConfig, examples: int) -> None:
+        if c.count > examples:
+            raise ConfigError(
+                f"clients.count must be <= the number of training images ({examples}), got "
+                f"{c.count}"
+            )
+        if (c.local_steps is None) == (c.local_epochs is None):
+            raise ConfigError(
+                f"clients: give exactly one of local_steps and local_epochs, got local_steps="
+                f"{c.local_steps!r}, local_epochs={c.local_epochs!r}"
+            )
+        needed = {"dirichlet": "alpha", "shards": "shards_per_client"}.get(c.partition)
+        for field in ("alpha", "shards_per_client"):
+            value = getattr(c, field)
+            if field == needed and value is None:
+                raise ConfigError(
+                    f"clients.{field} is required for clients.partition {c.partition}"
+                )
+            if field != needed and value is not None:
+                raise ConfigError(
+                    f"clients.{field} applies to partition "
+                    f"{'dirichlet' if field == 'alpha' else 'shards'} only, got {value!r}"
+                )
+        if c.shards_per_client is not None and c.count * c.shards_per_client > examples:
+            raise ConfigError(
+                f"clients.shards_per_client must be <= {examples // c.count} for {c.count} "
+                f"clients and {examples} images, got {c.shards_per_client}"
+            )
+
 
 def _annotation(loc: Sequence[Any]) -> Any:
     model: Any = ExperimentConfig
@@ -284,7 +345,9 @@ def _annotation(loc: Sequence[Any]) -> Any:
         if not isinstance(item, str) or fields is None or item not in fields:
             break
         annotation = fields[item].annotation
-        model = annotation
+        # An optional section (``clients: ClientsConfig | None``) is walked into like any other.
+        sections = [a for a in getattr(annotation, "__args__", ()) if hasattr(a, "model_fields")]
+        model = sections[0] if sections else annotation
     return annotation
 
 

@@ -1,11 +1,17 @@
 """Run the MNIST shuffle-model experiment from a validated config, with checkpoints and resume.
 
-One MNIST training image is one client. Each round the protocol's sampler picks the reporting
-clients; each computes the gradient of the loss on its image at the current model, clips it to
-``privacy.clipping_norm`` and adds Gaussian noise with std ``noise_multiplier * clipping_norm``
-(simulated as one draw on the sum, or per client with ``privacy.noise_mode: per_client``); the
-server averages the reports and takes an optimizer step. The Opacus side is
-:func:`shuffle_opacus.make_private` with the protocol's accountant.
+With a ``clients:`` section the images are split into that many clients that train locally
+(user level, :func:`shuffle_opacus.clients.make_private_clients`): each round the sampler picks
+clients, each trains from the global model, clips its whole update to
+``privacy.clipping_norm`` and adds its noise, and the server's optimizer steps on the average.
+Everything below about files, checkpoints and resuming holds for both levels.
+
+Without it one MNIST training image is one client. Each round the protocol's sampler picks the
+reporting clients; each computes the gradient of the loss on its image at the current model,
+clips it to ``privacy.clipping_norm`` and adds Gaussian noise with std
+``noise_multiplier * clipping_norm`` (simulated as one draw on the sum, or per client with
+``privacy.noise_mode: per_client``); the server averages the reports and takes an optimizer
+step. The Opacus side is :func:`shuffle_opacus.make_private` with the protocol's accountant.
 
 Run directory (``output_dir/name/<timestamp>``, with ``output_dir/name/latest`` pointing at the
 newest run):
@@ -56,6 +62,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import functools
 import io
 import json
 import math
@@ -80,8 +87,15 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import shuffle_opacus
 from shuffle_opacus import get_protocol
+from shuffle_opacus.clients import (
+    FederatedTrainer,
+    dirichlet_partition,
+    iid_partition,
+    make_private_clients,
+    shard_partition,
+)
 
-from .config import ConfigError, ExperimentConfig, load_config, validate
+from .config import ClientsConfig, ConfigError, ExperimentConfig, load_config, validate
 from .curves import CURVE_LABELS, SPARSE_CURVES, EpsilonCurves
 from .data import load_mnist
 from .models import build_model
@@ -500,6 +514,10 @@ class _Session:
             warnings.filterwarnings("ignore", message="Secure RNG turned off")
             self.engine = PrivacyEngine(accountant=get_protocol(config.protocol.kind).accountant)
         p = config.protocol
+        self.trainer: FederatedTrainer | None = None
+        if config.clients is not None:
+            self._user_level(config, config.clients, model, optimizer, start_round)
+            return
         loader = DataLoader(TensorDataset(self.train_x, self.train_y), batch_size=1)
         self.model, self.optimizer, private_loader = shuffle_opacus.make_private(
             self.engine,
@@ -524,6 +542,56 @@ class _Session:
         # Evaluation uses the wrapped network itself: no per-sample machinery (Opacus's ``ew``
         # wrapper would try to compute per-sample gradients even under no_grad).
         self.plain_model: nn.Module = self.model._module
+        self.server_optimizer: torch.optim.Optimizer = self.optimizer.original_optimizer
+        self.curves = EpsilonCurves(config, self.population)
+
+    def _user_level(
+        self,
+        config: ExperimentConfig,
+        c: ClientsConfig,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        start_round: int,
+    ) -> None:
+        """Build the user-level trainer: ``clients.count`` clients training locally."""
+        labels = self.train_y.cpu().numpy()
+        if c.partition == "iid":
+            partition = iid_partition(labels.size, c.count, seed=config.seed)
+        elif c.partition == "dirichlet":
+            partition = dirichlet_partition(labels, c.count, alpha=c.alpha, seed=config.seed)
+        else:
+            partition = shard_partition(
+                labels, c.count, shards_per_client=c.shards_per_client, seed=config.seed
+            )
+        p = config.protocol
+        self.trainer = make_private_clients(
+            self.engine,
+            module=model,
+            optimizer=optimizer,
+            data=(self.train_x, self.train_y),
+            partition=partition,
+            loss_fn=functools.partial(F.cross_entropy, reduction="none"),
+            noise_multiplier=config.privacy.noise_multiplier,
+            max_update_norm=config.privacy.clipping_norm,
+            client_lr=c.client_lr,
+            local_steps=c.local_steps,
+            local_epochs=c.local_epochs,
+            local_batch_size=c.local_batch_size,
+            rounds=config.training.rounds,
+            rate=p.rate,
+            sample_size=p.sample_size,
+            seed=config.seed,
+            start_round=start_round,
+            sensitivity=config.privacy.sensitivity,
+            noise_mode=config.privacy.noise_mode,
+            average=c.average,
+            noise_generator=self.noise_generator,
+            client_chunk=c.chunk,
+        )
+        self.population = partition.num_clients
+        self.sampler = self.trainer.sampler
+        self.model = self.plain_model = model
+        self.optimizer = self.server_optimizer = optimizer
         self.curves = EpsilonCurves(config, self.population)
 
     @property
@@ -539,7 +607,7 @@ class _Session:
             "round": round_done,
             "model": self.plain_model.state_dict(),
             "average": self.average.model.state_dict() if self.average is not None else None,
-            "optimizer": self.optimizer.original_optimizer.state_dict(),
+            "optimizer": self.server_optimizer.state_dict(),
             "accountant": self.engine.accountant.state_dict(),
             "noise_generator": self.noise_generator.get_state(),  # a CPU tensor on any device
             "torch_rng": torch.get_rng_state(),
@@ -552,7 +620,7 @@ class _Session:
         self.plain_model.load_state_dict(state["model"])
         if self.average is not None:
             self.average.model.load_state_dict(state["average"])
-        self.optimizer.original_optimizer.load_state_dict(state["optimizer"])
+        self.server_optimizer.load_state_dict(state["optimizer"])
         self.engine.accountant.load_state_dict(state["accountant"])
         self.noise_generator.set_state(state["noise_generator"])
         torch.set_rng_state(state["torch_rng"])
@@ -583,6 +651,8 @@ class _Session:
         accountant step. Chunks keep the per-sample gradients small (faster on CPU); the result
         equals the unchunked round up to floating-point rounding.
         """
+        if self.trainer is not None:
+            return self._user_round(self.trainer, indices, round_number)
         idx = torch.as_tensor(indices, dtype=torch.long, device=self.device)
         x, y = self.train_x[idx], self.train_y[idx]
         size = int(idx.numel())
@@ -610,6 +680,23 @@ class _Session:
         if self.average is not None:
             self.average.update(self.plain_model, round_number)
         return loss_sum / size if size else math.nan
+
+    def _user_round(
+        self, trainer: FederatedTrainer, clients: Sequence[int], round_number: int
+    ) -> float:
+        """One user-level round: the trainer releases it into ``.grad``, the server steps.
+
+        Returns the participants' mean local training loss (``nan`` for an empty round).
+        """
+        for group in self.server_optimizer.param_groups:
+            group["lr"] = self.learning_rate(round_number)
+        result = trainer.run_round(round_number - 1)
+        if result.reports != len(clients):
+            raise RuntimeError(f"round {round_number}: the trainer and the sampler disagree")
+        self.server_optimizer.step()
+        if self.average is not None:
+            self.average.update(self.plain_model, round_number)
+        return result.local_loss
 
 
 def _progress(total: int, initial: int, enabled: bool) -> Any:

@@ -1,0 +1,123 @@
+"""One pfl 0.6 FedAvg run in the setting of ``benchmarks/users.py``; prints seconds per round.
+
+Runs under an interpreter where ``pfl[pytorch]`` is installed (a separate virtual environment:
+pfl pins its own dependencies), started by ``benchmarks/users.py`` as
+
+    PYTHON benchmarks/pfl_round.py THREADS CLIENTS EXAMPLES COHORT STEPS BATCH ROUNDS DATA.npz
+
+The model is ``cnn_small`` of the experiment (repeated here: this interpreter does not have the
+package), local SGD with learning rate 0.1, pfl's ``GaussianMechanism`` (clip each user's
+update to 1 and add noise of relative std 1) as the local privacy postprocessor, a central SGD
+step of learning rate 1. It prints one JSON line ``{"per_round": [...]}``: the wall time of every
+central iteration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("PFL_PYTORCH_DEVICE", "cpu")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from pfl.aggregate.simulate import SimulatedBackend  # noqa: E402
+from pfl.algorithm import FederatedAveraging, NNAlgorithmParams  # noqa: E402
+from pfl.callback.base import TrainingProcessCallback  # noqa: E402
+from pfl.data.federated_dataset import FederatedDataset  # noqa: E402
+from pfl.data.sampling import get_user_sampler  # noqa: E402
+from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams  # noqa: E402
+from pfl.metrics import Metrics, Weighted  # noqa: E402
+from pfl.model.pytorch import PyTorchModel  # noqa: E402
+from pfl.privacy import GaussianMechanism  # noqa: E402
+from torch import nn  # noqa: E402
+
+
+class Net(nn.Module):
+    """``cnn_small`` with the ``loss`` and ``metrics`` methods pfl requires."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(1, 8, 8, stride=2, padding=3),
+            nn.Tanh(),
+            nn.MaxPool2d(2, 1),
+            nn.Conv2d(8, 16, 4, stride=2),
+            nn.Tanh(),
+            nn.MaxPool2d(2, 1),
+            nn.Flatten(),
+            nn.Linear(16 * 4 * 4, 10),
+        )
+
+    def forward(self, x):
+        return self.body(x)
+
+    def loss(self, x, y, eval=False):
+        self.train(not eval)
+        return nn.functional.cross_entropy(self(x), y.long())
+
+    @torch.no_grad()
+    def metrics(self, x, y, eval=False):
+        loss = nn.functional.cross_entropy(self(x), y.long(), reduction="sum").item()
+        return {"loss": Weighted(loss, len(y))}
+
+
+def main() -> None:
+    threads, clients, examples, cohort, steps, batch, rounds = map(int, sys.argv[1:8])
+    torch.set_num_threads(threads)
+    data = np.load(sys.argv[8])
+    x, y = data["x"], data["y"]
+    slices = {
+        u: [x[u * examples : (u + 1) * examples], y[u * examples : (u + 1) * examples]]
+        for u in range(clients)
+    }
+    federated = FederatedDataset.from_slices(slices, get_user_sampler("random", list(slices)))
+    torch.manual_seed(0)
+    net = Net()
+    model = PyTorchModel(
+        model=net,
+        local_optimizer_create=torch.optim.SGD,
+        central_optimizer=torch.optim.SGD(net.parameters(), lr=1.0),
+    )
+    stamps: list[float] = []
+
+    class Timer(TrainingProcessCallback):
+        def on_train_begin(self, *, model):
+            stamps.append(time.perf_counter())
+            return Metrics()
+
+        def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
+            stamps.append(time.perf_counter())
+            return False, Metrics()
+
+    backend = SimulatedBackend(
+        training_data=federated,
+        val_data=None,
+        postprocessors=[GaussianMechanism(clipping_bound=1.0, relative_noise_stddev=1.0)],
+    )
+    FederatedAveraging().run(
+        algorithm_params=NNAlgorithmParams(
+            central_num_iterations=rounds,
+            evaluation_frequency=10**9,
+            train_cohort_size=cohort,
+            val_cohort_size=None,
+        ),
+        backend=backend,
+        model=model,
+        model_train_params=NNTrainHyperParams(
+            local_learning_rate=0.1,
+            local_num_epochs=None,
+            local_num_steps=steps,
+            local_batch_size=batch,
+        ),
+        model_eval_params=NNEvalHyperParams(local_batch_size=100),
+        callbacks=[Timer()],
+        send_metrics_to_platform=False,
+    )
+    print(json.dumps({"per_round": list(np.diff(stamps))}))
+
+
+if __name__ == "__main__":
+    main()

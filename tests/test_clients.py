@@ -1,0 +1,554 @@
+"""User-level training (shuffle_opacus.clients) against independent float64 oracles.
+
+The oracle of a round is a plain Python loop over the round's clients: a deep copy of the model
+per client, ``torch.autograd.grad`` on each local batch (the batches of
+:func:`~shuffle_opacus.clients.local_batches`, tested on their own below), the update
+``w - w_i``, its norm as one vector, Opacus's clip factor ``min(1, C / (norm + 1e-6))`` in
+Python floats, the sum, the noise drawn as the protocol states (one Gaussian of std
+``sigma C sqrt(B)`` per parameter tensor, from the same seeded generator), the average and the
+server's SGD step. Everything runs in float64, so the vectorised trainer must agree to 1e-10.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+
+import numpy as np
+import pytest
+import torch
+from opacus import PrivacyEngine
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+from torch.utils.data import DataLoader, TensorDataset
+
+import shuffle_opacus
+from shuffle_opacus import history_epsilon
+from shuffle_opacus.clients import (
+    ClientPartition,
+    LocalTraining,
+    dirichlet_partition,
+    iid_partition,
+    local_batches,
+    make_private_clients,
+    shard_partition,
+)
+
+LOSS = functools.partial(F.cross_entropy, reduction="none")
+SIZES = [1, 3, 7, 4, 12, 2, 9, 5, 6, 8]  # unequal clients: 57 examples
+SIGMA, CLIP, SERVER_LR = 0.8, 1.0, 0.7
+
+
+def data(n: int = sum(SIZES), seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 5, generator=g, dtype=torch.float64) * 2.0
+    y = torch.randint(0, 3, (n,), generator=g)
+    return x, y
+
+
+def model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+
+
+def partition(sizes: list[int] = SIZES, seed: int = 3) -> ClientPartition:
+    order = np.random.default_rng(seed).permutation(sum(sizes))
+    bounds = np.cumsum([0, *sizes])
+    return ClientPartition.from_indices(
+        [order[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    )
+
+
+def trainer(net: nn.Module, part: ClientPartition, x, y, **kw):
+    kw = {
+        "noise_multiplier": SIGMA,
+        "max_update_norm": CLIP,
+        "rate": 0.5,
+        "rounds": 4,
+        "seed": 5,
+        "noise_generator": torch.Generator().manual_seed(9),
+        **kw,
+    }
+    accountant = kw.pop("accountant", "shuffled_checkin")
+    engine = PrivacyEngine(accountant=accountant)
+    optimizer = torch.optim.SGD(net.parameters(), lr=SERVER_LR)
+    run = make_private_clients(
+        engine, module=net, optimizer=optimizer, data=(x, y), partition=part, loss_fn=LOSS, **kw
+    )
+    return engine, optimizer, run
+
+
+def oracle_rounds(
+    part: ClientPartition,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    training: LocalTraining,
+    participants: list[list[int]],
+    *,
+    seed: int,
+    average: str,
+    expected: float,
+    noise_seed: int,
+) -> nn.Module:
+    """The rounds as a plain per-client loop (see the module docstring)."""
+    net = model()
+    noise = torch.Generator().manual_seed(noise_seed)
+    for t, clients in enumerate(participants):
+        base = [p.detach().clone() for p in net.parameters()]
+        total = [torch.zeros_like(p) for p in base]
+        for c in clients:
+            local = copy.deepcopy(net)
+            for batch in local_batches(part, c, training, seed=seed, round_index=t):
+                idx = torch.as_tensor(batch)
+                loss = F.cross_entropy(local(x[idx]), y[idx])  # mean over the batch
+                grads = torch.autograd.grad(loss, list(local.parameters()))
+                with torch.no_grad():
+                    for p, g in zip(local.parameters(), grads, strict=True):
+                        p -= training.client_lr * g
+            update = [b - p.detach() for b, p in zip(base, local.parameters(), strict=True)]
+            norm = math.sqrt(sum(float((u * u).sum()) for u in update))
+            factor = min(1.0, CLIP / (norm + 1e-6))
+            for s, u in zip(total, update, strict=True):
+                s += factor * u
+        denominator = expected if average == "expected" else max(len(clients), 1)
+        std = SIGMA * CLIP * math.sqrt(len(clients))
+        with torch.no_grad():
+            for p, s in zip(net.parameters(), total, strict=True):
+                draw = (
+                    torch.normal(0.0, std, size=p.shape, generator=noise, dtype=p.dtype)
+                    if clients
+                    else torch.zeros_like(p)
+                )
+                p -= SERVER_LR * (s + draw) / denominator
+    return net
+
+
+@pytest.mark.parametrize(
+    ("training", "average"),
+    [
+        (LocalTraining(client_lr=1.3, local_steps=1), "expected"),  # FedSGD
+        (LocalTraining(client_lr=0.4, local_steps=3, local_batch_size=2), "expected"),
+        (LocalTraining(client_lr=0.4, local_epochs=2, local_batch_size=3), "reports"),
+    ],
+    ids=["fedsgd", "fedavg-steps", "fedavg-epochs"],
+)
+def test_rounds_equal_a_per_client_loop(training, average):
+    x, y = data()
+    part = partition()
+    net = model()
+    engine, optimizer, run = trainer(
+        net,
+        part,
+        x,
+        y,
+        client_lr=training.client_lr,
+        local_steps=training.local_steps,
+        local_epochs=training.local_epochs,
+        local_batch_size=training.local_batch_size,
+        average=average,
+        client_chunk=3,
+    )
+    participants = [run.sampler.batch(t) for t in range(4)]
+    assert any(0 < len(p) < len(part) for p in participants), participants
+    # Clipping is active for some clients and not for others in round 0, so C matters.
+    updates, _ = run.local_updates(np.arange(len(part)), 0)
+    norms = torch.stack([u.flatten(1).norm(dim=1) for u in updates], dim=1).norm(dim=1)
+    assert norms.min() < CLIP < norms.max(), norms
+    results = []
+    for result in run:
+        optimizer.step()
+        results.append(result)
+    assert [r.reports for r in results] == [len(p) for p in participants]
+    expected = oracle_rounds(
+        part,
+        x,
+        y,
+        training,
+        participants,
+        seed=5,
+        average=average,
+        expected=0.5 * len(part),
+        noise_seed=9,
+    )
+    for ours, theirs in zip(net.parameters(), expected.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)
+    assert len(engine.accountant) == 4
+
+
+def test_the_oracle_comparison_can_fail():
+    """Another local learning rate gives other weights: the comparison above is not vacuous."""
+    x, y = data()
+    part = partition()
+    net = model()
+    _, optimizer, run = trainer(net, part, x, y, client_lr=0.4, local_steps=3, local_batch_size=2)
+    participants = [run.sampler.batch(t) for t in range(4)]
+    for _ in run:
+        optimizer.step()
+    other = oracle_rounds(
+        part,
+        x,
+        y,
+        LocalTraining(client_lr=0.41, local_steps=3, local_batch_size=2),
+        participants,
+        seed=5,
+        average="expected",
+        expected=5.0,
+        noise_seed=9,
+    )
+    assert not all(
+        torch.allclose(a, b, atol=1e-6)
+        for a, b in zip(net.parameters(), other.parameters(), strict=True)
+    )
+
+
+def test_chunks_do_not_change_the_result():
+    x, y = data()
+    part = partition()
+    weights = []
+    for chunk in (1, 4, 100):
+        net = model()
+        _, optimizer, run = trainer(
+            net, part, x, y, client_lr=0.5, local_steps=2, local_batch_size=3, client_chunk=chunk
+        )
+        for _ in run:
+            optimizer.step()
+        weights.append(torch.cat([p.detach().flatten() for p in net.parameters()]))
+    for w in weights[1:]:
+        torch.testing.assert_close(w, weights[0], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("noise_mode", ["sum", "per_client"])
+def test_one_example_clients_reproduce_the_example_level_path(noise_mode):
+    """FedSGD with client_lr 1 on one-example clients is make_private's round: same sampler
+    seed, same noise generator seed, same clipping norm, same server optimizer, same weights."""
+    n = 40
+    x, y = data(n)
+    example_net = model()
+    module, optimizer, loader = shuffle_opacus.make_private(
+        PrivacyEngine(accountant="shuffled_checkin"),
+        module=example_net,
+        optimizer=torch.optim.SGD(example_net.parameters(), lr=SERVER_LR),
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=8),
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        rate=0.3,
+        rounds=5,
+        seed=4,
+        noise_mode=noise_mode,
+        noise_generator=torch.Generator().manual_seed(2),
+    )
+    for bx, by in loader:
+        optimizer.zero_grad()
+        F.cross_entropy(module(bx), by).backward()
+        optimizer.step()
+    user_net = model()
+    engine, server, run = trainer(
+        user_net,
+        ClientPartition.from_client_ids(np.arange(n)),
+        x,
+        y,
+        client_lr=1.0,
+        local_steps=1,
+        rate=0.3,
+        rounds=5,
+        seed=4,
+        noise_mode=noise_mode,
+        noise_generator=torch.Generator().manual_seed(2),
+    )
+    for _ in run:
+        server.step()
+    for a, b in zip(example_net.parameters(), user_net.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    assert engine.accountant.history == [(SIGMA, 0.3, 5)]
+
+
+def test_the_clip_bound_holds_for_every_client():
+    x, y = data()
+    x = x * 50.0  # large inputs: large updates
+    part = partition()
+    net = model()
+    _, _, run = trainer(net, part, x, y, client_lr=5.0, local_steps=3, local_batch_size=2)
+    clipped = 0
+    for c in range(len(part)):
+        updates, _ = run.local_updates(np.array([c]), 1)
+        norm = math.sqrt(sum(float((u * u).sum()) for u in updates))
+        out = run.clip_sum(updates)
+        out_norm = math.sqrt(sum(float((o * o).sum()) for o in out))
+        assert out_norm <= CLIP * (1 + 1e-12)
+        if norm > CLIP:
+            clipped += 1
+            # Same direction, norm C / (norm + 1e-6) * norm.
+            cos = sum(float((o * u[0]).sum()) for o, u in zip(out, updates, strict=True))
+            assert cos / (out_norm * norm) == pytest.approx(1.0, abs=1e-12)
+            assert out_norm == pytest.approx(CLIP * norm / (norm + 1e-6), rel=1e-12)
+        else:
+            assert out_norm == pytest.approx(norm, rel=1e-12)
+    assert clipped >= 3
+    # A non-finite update is replaced by zero (which is inside the clipping ball).
+    bad = [torch.full((2, *p.shape), math.nan, dtype=p.dtype) for p in net.parameters()]
+    bad[0][1] = 1.0
+    out = run.clip_sum(bad)
+    assert all(torch.isfinite(o).all() for o in out)
+
+
+@pytest.mark.parametrize("noise_mode", ["sum", "per_client"])
+def test_the_noise_has_the_stated_distribution(noise_mode):
+    """With a server learning rate of 0 every round has the same clipped sum S, so each round's
+    ``grad * m - S`` is the noise alone: mean 0 and variance m sigma^2 C^2 per coordinate
+    (protocol ``full`` with m = 4 clients, average over the expected m). 4,000 values;
+    tolerances of 5 standard errors."""
+    x, y = data(8)
+    part = iid_partition(8, 4, seed=0)
+    net = model()
+    engine = PrivacyEngine(accountant="shuffle")
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.0)
+    run = make_private_clients(
+        engine,
+        module=net,
+        optimizer=optimizer,
+        data=(x, y),
+        partition=part,
+        loss_fn=LOSS,
+        noise_multiplier=SIGMA,
+        max_update_norm=CLIP,
+        client_lr=0.5,
+        local_steps=1,
+        rounds=125,
+        seed=0,
+        noise_mode=noise_mode,
+        noise_generator=torch.Generator().manual_seed(1),
+    )
+    updates, _ = run.local_updates(np.arange(4), 0)
+    clipped = torch.cat([s.flatten() for s in run.clip_sum(updates)])
+    draws = []
+    for _ in run:
+        grads = torch.cat([p.grad.flatten() for p in net.parameters()])
+        draws.append((grads * 4 - clipped).numpy())
+    noise = np.concatenate(draws)
+    var = 4 * (SIGMA * CLIP) ** 2
+    se_mean = math.sqrt(var / noise.size)
+    assert abs(noise.mean()) < 5 * se_mean
+    se_var = var * math.sqrt(2 / noise.size)
+    assert abs(noise.var() - var) < 5 * se_var
+    assert len(engine.accountant) == 125
+
+
+def test_the_accountant_counts_clients_not_examples():
+    x, y = data()
+    part = partition()
+    engine, optimizer, run = trainer(
+        model(), part, x, y, client_lr=0.5, local_steps=1, rate=0.2, rounds=6
+    )
+    for _ in run:
+        optimizer.step()
+    assert engine.accountant.population == len(part) == 10
+    eps = engine.get_epsilon(1e-5)
+    clients = history_epsilon(
+        [(SIGMA, 0.2, 6)], protocol="checkin", delta=1e-5, population=len(part)
+    ).epsilon
+    examples = history_epsilon(
+        [(SIGMA, 0.2, 6)], protocol="checkin", delta=1e-5, population=part.num_examples
+    ).epsilon
+    assert eps == pytest.approx(clients, rel=1e-12)
+    assert abs(examples - clients) > 0.1 * clients
+
+
+def test_every_released_round_is_accounted_empty_ones_included():
+    x, y = data()
+    part = partition()
+    net = model()
+    engine, optimizer, run = trainer(
+        net, part, x, y, client_lr=0.5, local_steps=1, rate=0.05, rounds=30
+    )
+    before = [p.detach().clone() for p in net.parameters()]
+    sizes = [r.reports for r in run]
+    assert 0 in sizes and len(sizes) == 30
+    assert len(engine.accountant) == 30
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
+
+
+@pytest.mark.parametrize(
+    ("accountant", "extra", "reports"),
+    [("subsampled_shuffle", {"sample_size": 4}, 4), ("shuffle", {}, 10)],
+)
+def test_fixed_size_protocols(accountant, extra, reports):
+    x, y = data()
+    part = partition()
+    engine, optimizer, run = trainer(
+        model(), part, x, y, client_lr=0.5, local_steps=1, accountant=accountant, rate=None,
+        **extra,
+    )  # fmt: skip
+    assert [r.reports for r in run] == [reports] * 4
+    assert engine.accountant.population == 10
+
+
+def test_local_batches_walk_epochs_of_the_client():
+    part = partition()
+    training = LocalTraining(client_lr=0.1, local_steps=7, local_batch_size=3)
+    client = 4  # 12 examples: epochs of 4 batches
+    batches = local_batches(part, client, training, seed=1, round_index=2)
+    assert [len(b) for b in batches] == [3] * 7
+    first = np.concatenate(batches[:4])
+    assert sorted(first.tolist()) == sorted(part.client(client).tolist())
+    assert set(np.concatenate(batches[4:]).tolist()) <= set(part.client(client).tolist())
+    again = local_batches(part, client, training, seed=1, round_index=2)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, again, strict=True))
+    other = local_batches(part, client, training, seed=1, round_index=3)
+    assert not all(np.array_equal(a, b) for a, b in zip(batches, other, strict=True))
+    epochs = LocalTraining(client_lr=0.1, local_epochs=2, local_batch_size=5)
+    sizes = [len(b) for b in local_batches(part, 2, epochs, seed=1, round_index=0)]
+    assert sizes == [5, 2, 5, 2]  # 7 examples
+    whole = LocalTraining(client_lr=0.1, local_steps=2)
+    assert [b.tolist() for b in local_batches(part, 2, whole, seed=1, round_index=0)] == [
+        part.client(2).tolist()
+    ] * 2
+
+
+def test_partitions_cover_every_example_once():
+    labels = np.repeat(np.arange(10), 30)
+    for part in (
+        iid_partition(300, 7, seed=0),
+        dirichlet_partition(labels, 30, alpha=0.5, seed=0),
+        shard_partition(labels, 15, shards_per_client=2, seed=0),
+    ):
+        assert sorted(part.order.tolist()) == list(range(300))
+        assert part.sizes.min() >= 1
+    assert sorted(iid_partition(300, 7, seed=0).sizes.tolist()) == [42] + [43] * 6
+    assert dirichlet_partition(labels, 30, alpha=0.5, seed=0).sizes.tolist() == [10] * 30
+    shards = shard_partition(labels, 15, shards_per_client=2, seed=0)
+    assert max(len(set(labels[shards.client(c)].tolist())) for c in range(15)) <= 2
+    skewed = dirichlet_partition(labels, 30, alpha=0.05, seed=1)
+    even = dirichlet_partition(labels, 30, alpha=100.0, seed=1)
+
+    def distinct(p):
+        return np.mean([len(set(labels[p.client(c)].tolist())) for c in range(30)])
+
+    assert distinct(skewed) < 3.0 < 6.0 < distinct(even)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: ClientPartition.from_indices([[0, 1], [2]], 4), "misses 1 of the 4 examples"),
+        (lambda: ClientPartition.from_indices([[0, 1], [1, 2]]), "repeats 1 example"),
+        (lambda: ClientPartition.from_indices([[0, 1], []], 2), "hold no example"),
+        (lambda: ClientPartition.from_indices([[0, 5]], 2), "must be in [0, 1]"),
+        (lambda: ClientPartition.from_client_ids([0, 2, 2], 3), "client 1 first"),
+        (lambda: ClientPartition.from_client_ids([0, -1]), "integers in [0, 0]"),
+        (lambda: LocalTraining(client_lr=0.1, local_steps=0), "local_steps must be an integer"),
+        (lambda: LocalTraining(client_lr=0.0, local_steps=1), "client_lr must be"),
+        (lambda: LocalTraining(client_lr=-1.0, local_steps=1), "client_lr must be"),
+        (lambda: LocalTraining(client_lr=0.1), "exactly one of local_steps and local_epochs"),
+        (lambda: dirichlet_partition([0, 1], 3, alpha=1.0, seed=0), "num_clients must be"),
+        (lambda: dirichlet_partition([0, 1], 2, alpha=0.0, seed=0), "alpha must be"),
+        (lambda: shard_partition([0, 1, 2], 2, shards_per_client=2, seed=0), "shards_per_client"),
+    ],
+)
+def test_bad_partitions_and_settings_fail_in_one_line(build, message):
+    with pytest.raises(ValueError) as info:
+        build()
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def _bad_loss(out, target):
+    return F.cross_entropy(out, target)  # a mean, not one loss per example
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"partition": [[0, 1], [2]]}, "misses"),
+        ({"partition": [[0, 1, 2], [2, *range(3, 57)]]}, "repeats"),
+        ({"partition": [list(range(57)), []]}, "hold no example"),
+        ({"partition": np.arange(50)}, "covers 50 examples but the dataset holds 57"),
+        ({"local_steps": 0}, "local_steps must be an integer in [1, "),
+        ({"client_lr": 0.0}, "client_lr must be a finite number > 0"),
+        ({"client_lr": -0.1}, "client_lr must be a finite number > 0"),
+        ({"max_update_norm": 0.0}, "max_update_norm must be"),
+        ({"noise_multiplier": -1.0}, "noise_multiplier must be"),
+        ({"average": "mean"}, "average must be one of"),
+        ({"rate": 1.5}, "rate must be in (0, 1]"),
+        ({"accountant": "rdp"}, "engine.accountant must be one of"),
+        ({"accountant": "subsampled_shuffle", "rate": None, "sample_size": 10}, "sample_size"),
+        ({"loss_fn": _bad_loss}, "one loss per example"),
+        ({"local_steps": 1, "local_epochs": 1}, "exactly one of local_steps and local_epochs"),
+    ],
+)
+def test_bad_input_changes_nothing(change, message):
+    x, y = data()
+    net = model()
+    before = [p.detach().clone() for p in net.parameters()]
+    kw = {
+        "noise_multiplier": SIGMA,
+        "max_update_norm": CLIP,
+        "client_lr": 0.5,
+        "local_steps": 1,
+        "rate": 0.5,
+        "rounds": 3,
+        "seed": 0,
+        "partition": partition(),
+        "loss_fn": LOSS,
+    }
+    kw.update(change)
+    engine = PrivacyEngine(accountant=kw.pop("accountant", "shuffled_checkin"))
+    optimizer = torch.optim.SGD(net.parameters(), lr=1.0)
+    with pytest.raises(ValueError) as info:
+        make_private_clients(engine, module=net, optimizer=optimizer, data=(x, y), **kw)
+    assert message in str(info.value), str(info.value)
+    assert "\n" not in str(info.value)
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
+    assert all(p.grad is None for p in net.parameters())
+    if hasattr(engine.accountant, "population"):
+        assert engine.accountant.population is None and engine.accountant.history == []
+
+
+def test_an_accountant_holding_rounds_of_another_population_is_refused():
+    x, y = data()
+    engine = PrivacyEngine(accountant="shuffled_checkin")
+    engine.accountant.configure(population=57)  # as if it had accounted the examples
+    engine.accountant.step(noise_multiplier=SIGMA, sample_rate=0.5)
+    net = model()
+    with pytest.raises(ValueError, match="already holds 1 rounds"):
+        make_private_clients(
+            engine,
+            module=net,
+            optimizer=torch.optim.SGD(net.parameters(), lr=1.0),
+            data=(x, y),
+            partition=partition(),
+            loss_fn=LOSS,
+            noise_multiplier=SIGMA,
+            max_update_norm=CLIP,
+            client_lr=0.5,
+            local_steps=1,
+            rate=0.5,
+            rounds=3,
+        )
+    assert engine.accountant.population == 57 and len(engine.accountant) == 1
+
+
+def test_batchnorm_and_foreign_optimizers_are_refused():
+    x, y = data()
+    net = nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4), nn.Linear(4, 3)).double()
+    kw = {
+        "data": (x, y),
+        "partition": partition(),
+        "loss_fn": LOSS,
+        "noise_multiplier": SIGMA,
+        "max_update_norm": CLIP,
+        "client_lr": 0.5,
+        "local_steps": 1,
+        "rate": 0.5,
+        "rounds": 3,
+    }
+    engine = PrivacyEngine(accountant="shuffled_checkin")
+    with pytest.raises(ValueError, match="running statistics"):
+        make_private_clients(
+            engine, module=net, optimizer=torch.optim.SGD(net.parameters(), lr=1.0), **kw
+        )
+    plain = model()
+    with pytest.raises(ValueError, match="exactly the module's trainable parameters"):
+        make_private_clients(
+            engine, module=plain, optimizer=torch.optim.SGD(model().parameters(), lr=1.0), **kw
+        )
