@@ -254,8 +254,10 @@ class ShuffleAccountantBase(IAccountant):
         if self.population is None:
             raise ValueError(
                 f"{self.name} accountant: population (the number of clients, an integer >= 1) "
-                f"is not set, so {what} cannot be computed. Call "
-                f"accountant.configure(population=n, ...) or {_HELPER_HINT}."
+                f"is not set, so {what} cannot be computed. For a target epsilon use "
+                f"shuffle_opacus.make_private_with_epsilon(engine, ...): "
+                f"PrivacyEngine.make_private_with_epsilon would calibrate one central noise "
+                f"draw. Otherwise {_HELPER_HINT}."
             )
 
     def _check_step(self, noise_multiplier: float, sample_rate: float) -> tuple[float, float]:

@@ -157,7 +157,7 @@ def test_make_private_with_epsilon_meets_the_target():
 def test_opacus_make_private_with_epsilon_points_to_the_helper():
     engine = PrivacyEngine(accountant="shuffled_checkin")
     net = model()
-    with pytest.raises(ValueError, match="shuffle_opacus.make_private_with_epsilon"):
+    with pytest.raises(ValueError, match="shuffle_opacus.make_private_with_epsilon") as info:
         engine.make_private_with_epsilon(
             module=net,
             optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
@@ -168,6 +168,11 @@ def test_opacus_make_private_with_epsilon_points_to_the_helper():
             max_grad_norm=1.0,
         )
     assert not has_grad_sample_hooks(net)
+    # The pointer comes first, and nothing leads towards configuring the accountant by hand
+    # under Opacus's central calibration.
+    message = str(info.value)
+    assert "For a target epsilon use shuffle_opacus.make_private_with_epsilon" in message
+    assert "configure(" not in message and "\n" not in message
 
 
 def test_opacus_make_private_is_refused():
