@@ -96,13 +96,19 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume is not None and args.overrides:
         raise CliError("--set cannot change a run being resumed; it keeps its config.yaml")
     from .config import load_config
-    from .runner import resume, run, summary_table
+    from .runner import RunInterrupted, resume, run, summary_table
 
-    if args.resume is not None:
-        result = resume(args.resume, progress=not args.no_progress)
-    else:
-        config = load_config(args.config, args.overrides)
-        result = run(config, progress=not args.no_progress)
+    try:
+        if args.resume is not None:
+            result = resume(args.resume, progress=not args.no_progress)
+        else:
+            config = load_config(args.config, args.overrides)
+            result = run(config, progress=not args.no_progress)
+    except RunInterrupted as stopped:
+        # The summary and the plots so far; the run continues with --resume.
+        if stopped.result.rounds_done:
+            print(summary_table(stopped.result), flush=True)
+        return 130
     print(summary_table(result), flush=True)
     return 0
 

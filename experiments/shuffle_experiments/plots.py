@@ -62,7 +62,8 @@ def _save(
         writer.writerows([r[c] for c in columns] for r in rows)
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    # Beside the axes, never over the curves.
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
     plt.close(fig)
@@ -98,7 +99,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     evals = [r for r in rows if r["test_accuracy"]]
     eps_columns = [f"eps_{n}" for n in names]
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = plt.subplots(figsize=(9.0, 4.4))
     for name in names:
         xs = [float(r[f"eps_{name}"]) for r in evals]
         ys = [100.0 * float(r["test_accuracy"]) for r in evals]
@@ -111,11 +112,14 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     columns = ["round", "test_accuracy", *eps_columns]
     written = _save(fig, ax, run_dir / "accuracy_vs_epsilon", title, columns, evals)
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = plt.subplots(figsize=(9.0, 4.4))
     for name in names:
         have = [r for r in rows if r[f"eps_{name}"]]  # sparse curves skip most rounds
+        # A curve known only at some rounds (evaluation rounds) is drawn with markers, so that
+        # it shows even where it has a single point or runs under another curve.
+        marks = {"marker": "o", "markersize": 4} if len(have) < len(rows) else {}
         ax.plot([int(r["round"]) for r in have], [float(r[f"eps_{name}"]) for r in have],
-                label=CURVE_LABELS.get(name, name), **_STYLE.get(name, {}))  # fmt: skip
+                label=CURVE_LABELS.get(name, name), **_STYLE.get(name, {}), **marks)  # fmt: skip
     ax.set_yscale("log")
     ax.set_xlabel("rounds")
     ax.set_ylabel(f"epsilon (delta = {delta:g})")

@@ -166,6 +166,18 @@ class RunResult:
         return out
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C honoured between rounds: the run stopped with a checkpoint at its last round.
+
+    Attributes:
+        result: What the run had produced by then (its plots drawn, no summary.json written).
+    """
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__(f"interrupted after round {result.rounds_done} of {result.rounds}")
+        self.result = result
+
+
 def new_run_dir(config: ExperimentConfig) -> Path:
     """Create a fresh ``output_dir/name/<timestamp>[-k]`` directory.
 
@@ -918,6 +930,7 @@ def _train(
     done = start
     bar = _progress(rounds, start, progress)
     saved = start
+    interrupted = False
     # The rows up to the checkpoint are rewritten to a temporary file and renamed into place, so
     # that a kill during the rewrite cannot lose rounds; new rounds are then appended.
     tmp_metrics = metrics_path.with_name(METRICS_FILE + ".tmp")
@@ -976,9 +989,29 @@ def _train(
             if not stop.requested:
                 where = f"round {saved}" if saved else "no checkpoint yet"
                 echo(f"interrupted; last checkpoint: {where}; continue with --resume {run_dir}")
-            raise
+                raise
+            interrupted = True
         finally:
             bar.close()
+    if interrupted:
+        # Ctrl-C honoured between rounds: the checkpoint, metrics.csv and the accountant agree
+        # on round ``done`` (checked when the checkpoint was written), so the summary and the
+        # plots so far describe exactly what was released.
+        partial = RunResult(
+            run_dir=run_dir,
+            rounds_done=done,
+            rounds=rounds,
+            test_accuracy=last_acc,
+            epsilon=session.curves.row(done) if done else {},
+            delta=config.privacy.delta,
+            seconds=seconds,
+            mean_participants=participants_total / done if done else 0.0,
+        )
+        if done:
+            from .plots import plot_run
+
+            partial.plots = plot_run(run_dir)
+        raise RunInterrupted(partial)
     if done != rounds and (stop_after is None or done < stop_after):
         # Only reachable if the sampler produced fewer rounds than configured.
         raise RuntimeError(f"the sampler stopped after round {done} of {rounds}")

@@ -149,9 +149,20 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch, def
 
     monkeypatch.setattr(runner._Session, "round", interrupted)
     messages: list[str] = []
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(runner.RunInterrupted) as info:
         runner.run(cfg, run_dir=tmp_path / "part", progress=False, echo=messages.append)
     assert messages[-1].startswith("interrupted after round 9; continue with --resume")
+    # The summary so far, and the plots so far (no summary.json: the run is not finished).
+    stopped = info.value.result
+    assert stopped.rounds_done == 9 and stopped.rounds == cfg.training.rounds
+    assert stopped.epsilon["exact"] > 0 and "rounds          9 of" in runner.summary_table(stopped)
+    assert sorted(p.name for p in stopped.plots) == [
+        "accuracy_vs_epsilon.csv", "accuracy_vs_epsilon.png",
+        "epsilon_vs_rounds.csv", "epsilon_vs_rounds.png",
+    ]  # fmt: skip
+    drawn = (tmp_path / "part" / "epsilon_vs_rounds.csv").read_text().strip().splitlines()
+    assert drawn[-1].split(",")[0] == "9"
+    assert not (tmp_path / "part" / "summary.json").exists()
     # Round 9 was completed before stopping, and the handler is gone again.
     assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)["round"] == 9
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
