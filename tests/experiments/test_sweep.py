@@ -136,12 +136,18 @@ def test_cli_reports_a_missing_sweep_file_on_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs" / "sweeps").glob("*.yaml")),
                          ids=lambda p: p.name)  # fmt: skip
-def test_shipped_sweeps_validate_and_keep_the_paper_privacy_setting(path):
+def test_shipped_sweeps_validate_and_keep_their_base_privacy_setting(path):
     sweep = load_sweep(path)
+    # The published privacy settings: the paper's (example level) and users.yaml's (user level).
+    published = {
+        "paper.yaml": ("checkin", 0.1, 0.01, 5.0, "paper", 1e-5),
+        "users.yaml": ("checkin", 0.1, 0.1, 1.76, "replace-one", 1e-5),
+    }
+    assert sweep.base.name in published, sweep.base
     for trial in sweep.trials:
         p, q = trial.config.privacy, trial.config.protocol
         assert (q.kind, q.rate, p.clipping_norm, p.noise_multiplier, p.sensitivity, p.delta) == (
-            "checkin", 0.1, 0.01, 5.0, "paper", 1e-5)  # fmt: skip
+            published[sweep.base.name])  # fmt: skip
 
 
 def test_only_some_trials(tmp_path):
