@@ -844,30 +844,30 @@ def _pmf(
 
 
 def _relevant_span(pair: ShuffleGaussianPair, tail: float) -> float | None:
-    """Largest ``|eps|`` at which either direction's finite delta still exceeds ``tail``.
+    """Return an ``L`` above which neither direction's finite delta exceeds ``tail``.
 
-    Each direction's finite part is evaluated at the pair's own support points (``eps = log r``
-    for the remove direction, ``-log r`` for the add direction); above the largest such point
-    where it exceeds ``tail`` it is below ``tail`` (it decreases in eps). ``None`` when the pair
-    has no mass at a positive finite ratio.
+    Each direction's finite part decreases in eps and vanishes above the largest ``|log r|`` of
+    the support. It is evaluated on 256 points up to there, then three times more on 256 points
+    between the last point above ``tail`` and the next, and ``L`` is the first point within
+    ``tail`` (at most 256^-4 of that largest ``|log r|`` above the exact point). ``None`` when
+    the pair has no mass at a positive finite ratio.
     """
     r = pair.ratios[(pair.masses > 0) & (pair.ratios > 0)]
     if r.size == 0:
         return None
-    with np.errstate(divide="ignore"):
-        losses = np.log(r)
-    remove = pair.delta_remove(losses) - pair.infinity_remove > tail
-    add = pair.delta_add(-losses) - pair.infinity_add > tail
-    top = max(
-        float(losses[remove].max()) if remove.any() else 0.0,
-        float(-losses[add].min()) if add.any() else 0.0,
-    )
-    # One support point further: the finite part is below tail from the next point on.
-    nxt_remove = losses[losses > top]
-    nxt_add = -losses[-losses > top]
-    candidates = [top] + ([float(nxt_remove.min())] if nxt_remove.size else [])
-    candidates += [float(nxt_add.min())] if nxt_add.size else []
-    return max(candidates)
+    low, high = 0.0, max(abs(float(np.log(r[0]))), abs(float(np.log(r[-1]))))
+    for _ in range(4):
+        grid = np.linspace(low, high, 257)
+        above = (pair.delta_remove(grid) - pair.infinity_remove > tail) | (
+            pair.delta_add(grid) - pair.infinity_add > tail
+        )
+        last = np.flatnonzero(above)
+        if last.size == 0:  # within tail from ``low`` on
+            return low
+        if last[-1] == grid.size - 1:  # still above at the end of the support: keep it
+            return high
+        low, high = float(grid[last[-1]]), float(grid[last[-1] + 1])
+    return high
 
 
 def _grid(low: float, high: float, discretization: float) -> tuple[int, np.ndarray]:
