@@ -11,6 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+#: The command reference moved out of the README; its examples are checked the same way.
+ACCOUNTING_DOC = (ROOT / "docs" / "accounting.md").read_text(encoding="utf-8")
 
 
 def test_ruff_clean():
@@ -77,9 +79,10 @@ def test_readme_calibrate_example_is_true(capsys):
 
 
 def _examples() -> list[tuple[str, list[str]]]:
-    """``$ shuffle-opacus ...`` lines of the README's text blocks, each with its quoted output."""
+    """``$ shuffle-opacus ...`` lines of the README's and docs/accounting.md's text blocks, each
+    with its quoted output."""
     found: list[tuple[str, list[str]]] = []
-    for block in re.findall(r"```text\n(.+?)\n\s*```", README, re.S):
+    for block in re.findall(r"```text\n(.+?)\n\s*```", README + "\n" + ACCOUNTING_DOC, re.S):
         lines = [line.strip() for line in block.splitlines()]
         for i, line in enumerate(lines):
             if line.startswith("$ shuffle-opacus "):
@@ -109,6 +112,7 @@ def test_readme_command_examples_are_true(command, expected, capsys):
 
 def test_readme_quotes_examples():
     assert len(_examples()) >= 4
+    assert any(command in README for command, _ in _examples())
 
 
 def test_the_library_never_imports_the_application():
