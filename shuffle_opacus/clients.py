@@ -489,8 +489,9 @@ class LocalTraining:
         """Return the number of local steps of a client holding ``size`` examples."""
         if self.local_steps is not None:
             return int(self.local_steps)
+        assert self.local_epochs is not None, "__post_init__ sets local_steps or local_epochs"
         per_epoch = -(-size // self.batch_size(size))
-        return int(self.local_epochs) * per_epoch  # type: ignore[operator]
+        return int(self.local_epochs) * per_epoch
 
 
 def _client_rng(seed: int, round_index: int, client: int) -> np.random.Generator:
@@ -664,7 +665,9 @@ class FederatedTrainer:
         named = [(k, p) for k, p in module.named_parameters() if p.requires_grad]
         self._names = [k for k, _ in named]
         self._params = [p for _, p in named]
-        self._fixed = {k: p for k, p in module.named_parameters() if not p.requires_grad}
+        self._fixed: dict[str, Tensor] = {
+            k: p for k, p in module.named_parameters() if not p.requires_grad
+        }
         self._fixed.update(dict(module.named_buffers()))
         self._order = torch.as_tensor(partition.order, dtype=torch.long, device=inputs.device)
         self._offsets = partition.offsets
@@ -748,7 +751,9 @@ class FederatedTrainer:
         self, participants: np.ndarray, round_index: int
     ) -> tuple[dict[Tensor, Tensor], float]:
         """Return the sum of the participants' clipped updates and their mean local loss."""
-        sums = {p: torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self._params}
+        sums: dict[Tensor, Tensor] = {
+            p: torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self._params
+        }
         loss_total = 0.0
         for start in range(0, participants.size, self.client_chunk):
             clients = participants[start : start + self.client_chunk]
@@ -864,7 +869,11 @@ def _optimizer_params(optimizer: torch.optim.Optimizer) -> list[Tensor]:
 def _shuffle_accountant(engine: PrivacyEngine) -> ShuffleAccountantBase:
     accountant = getattr(engine, "accountant", None)
     if not isinstance(accountant, ShuffleAccountantBase):
-        found = accountant.mechanism() if hasattr(accountant, "mechanism") else accountant
+        found = (
+            accountant.mechanism()
+            if accountant is not None and hasattr(accountant, "mechanism")
+            else accountant
+        )
         raise ValueError(
             f"engine.accountant must be one of {', '.join(ACCOUNTANTS)} "
             f"(PrivacyEngine(accountant=...)). Found {found!r}."

@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -118,6 +118,14 @@ class _LayerWork:
 
 def _trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in module.named_parameters(recurse=False) if p.requires_grad]
+
+
+def _param(tensor: Tensor) -> nn.Parameter:
+    """Type a layer's ``weight`` or ``bias`` as what it is at run time, an ``nn.Parameter``.
+
+    torch annotates these attributes as ``Tensor``; the module registers them as parameters.
+    """
+    return cast(nn.Parameter, tensor)
 
 
 class FastGradientClipper:
@@ -200,7 +208,7 @@ class FastGradientClipper:
 
     # ------------------------------------------------------------------ set-up
 
-    def _validate_and_collect(self, default: str, strategies: dict[str, str]) -> None:
+    def _validate_and_collect(self, default: str, strategies: dict[str, ConvStrategy]) -> None:
         seen: set[int] = set()
         for name, m in self.module.named_modules():
             own = _trainable(m)
@@ -524,7 +532,7 @@ class FastGradientClipper:
         if m.bias is not None and m.bias.requires_grad:
             gb = g.sum((2, 3))
             sq += gb.square().sum(1)
-            kept[m.bias] = gb  # (N, O): always small, reduce with c @ gb
+            kept[_param(m.bias)] = gb  # (N, O): always small, reduce with c @ gb
         if not m.weight.requires_grad:
             return sq, kept
         numel = m.weight.numel()
@@ -553,7 +561,7 @@ class FastGradientClipper:
             if store is not None:
                 store[s : s + step].view(ps.shape).copy_(ps)
         if store is not None:
-            kept[m.weight] = store
+            kept[_param(m.weight)] = store
         return sq, kept
 
     @staticmethod
@@ -649,7 +657,7 @@ class FastGradientClipper:
             gs = g * c.view(n, *([1] * (g.dim() - 1)))
             g2 = gs.reshape(-1, gs.shape[-1])
             if id(m.weight) in todo:
-                out[m.weight] = torch.mm(g2.t(), a.reshape(-1, a.shape[-1]))
+                out[_param(m.weight)] = torch.mm(g2.t(), a.reshape(-1, a.shape[-1]))
             if m.bias is not None and id(m.bias) in todo:
                 out[m.bias] = g2.sum(0)
             return out
@@ -657,7 +665,7 @@ class FastGradientClipper:
             a, padding = self._conv_input(m, a.to(g.dtype))
             gs = g * c.view(-1, 1, 1, 1)
             gw = _conv_weight_grad(m, gs, a, m.weight.to(g.dtype), padding, groups=m.groups)
-            out[m.weight] = gw
+            out[_param(m.weight)] = gw
             return out
         raise AssertionError(type(m))  # pragma: no cover - GroupNorm always keeps its grads
 

@@ -108,7 +108,11 @@ class _Plan:
 def _shuffle_accountant(engine: PrivacyEngine) -> ShuffleAccountantBase:
     accountant = getattr(engine, "accountant", None)
     if not isinstance(accountant, ShuffleAccountantBase):
-        found = accountant.mechanism() if hasattr(accountant, "mechanism") else accountant
+        found = (
+            accountant.mechanism()
+            if accountant is not None and hasattr(accountant, "mechanism")
+            else accountant
+        )
         raise ValueError(
             f"engine.accountant must be one of {', '.join(ACCOUNTANTS)} "
             f"(PrivacyEngine(accountant=...)). Found {found!r}."
@@ -365,13 +369,14 @@ def _make_private(
             module, max_grad_norm=options.max_grad_norm, loss_reduction=options.loss_reduction
         )
     else:
-        wrapped = prepare_module(
+        sampled: AbstractGradSampleModule = prepare_module(
             module,
             options.grad_sample_mode,
             batch_first=options.batch_first,
             loss_reduction=options.loss_reduction,
         )
-        wrapped.forbid_grad_accumulation()
+        sampled.forbid_grad_accumulation()
+        wrapped = sampled
     dp_optimizer = LocalNoiseDPOptimizer(
         optimizer,
         noise_multiplier=noise_multiplier,

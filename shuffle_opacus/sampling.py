@@ -72,6 +72,10 @@ class ShuffleRoundSampler(Sampler[list[int]], abc.ABC):
     protocol: str = ""
     #: Attributes that are fixed once the sampler is built.
     _FIXED: tuple[str, ...] = ("n", "rounds", "seed", "start_round")
+    # The round state, set only through object.__setattr__ (see __setattr__).
+    _next_round: int
+    _released: int
+    _release_hook: ReleaseHook | None
 
     def __init__(self, n: int, rounds: int, seed: int | None, start_round: int) -> None:
         """Validate the common arguments (see the subclasses)."""
@@ -140,17 +144,17 @@ class ShuffleRoundSampler(Sampler[list[int]], abc.ABC):
     @property
     def next_round(self) -> int:
         """The round the next iteration starts with (0-based); it only ever grows."""
-        return self._next_round  # type: ignore[no-any-return]
+        return self._next_round
 
     @property
     def released(self) -> int:
         """Number of rounds this sampler has released since it was built."""
-        return self._released  # type: ignore[no-any-return]
+        return self._released
 
     @property
     def release_hook(self) -> ReleaseHook | None:
         """The callable told of every round released (``None`` until one is attached)."""
-        return self._release_hook  # type: ignore[no-any-return]
+        return self._release_hook
 
     def attach_release_hook(self, hook: ReleaseHook) -> None:
         """Call ``hook(t, batch)`` just before each round ``t`` is released.

@@ -426,18 +426,21 @@ def check_budget(
         current = full.get(driver.name)
         if current is None:
             continue
+        trial: Callable[[int], float]
         if driver.name == "steps":
             counts = list(full["steps"])  # type: ignore[call-overload]
 
-            def trial(x: int, counts: list[int] = counts) -> float:
+            def capped_steps(x: int, counts: list[int] = counts) -> float:
                 return cost({"steps": [min(s, x) for s in counts]})
 
-            top = max(counts)
+            trial, top = capped_steps, max(counts)
         else:
             top = int(current)  # type: ignore[call-overload]
 
-            def trial(x: int, name: str = driver.name) -> float:
+            def lowered(x: int, name: str = driver.name) -> float:
                 return cost({name: x})
+
+            trial = lowered
 
         best = largest_within(trial, driver.minimum, top, budget)
         if best is None or best >= top:

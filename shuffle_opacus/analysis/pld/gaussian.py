@@ -91,6 +91,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
@@ -976,7 +977,8 @@ def _schedule(
     seqs = [list(v) if isinstance(v, (list, tuple, np.ndarray)) else None for v in values]
     length = max((len(s) for s in seqs if s is not None), default=1)
     names = ("n", "sigma", "rate", "m", "steps")
-    out = []
+    # One column per parameter; the columns differ in element type.
+    out: list[list[Any]] = []
     for name, value, seq in zip(names, values, seqs, strict=True):
         if seq is not None and len(seq) != length:
             raise ValueError(

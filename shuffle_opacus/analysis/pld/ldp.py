@@ -133,8 +133,8 @@ def _chunks(n: int, eps0: float, tail: float) -> Iterator[tuple[np.ndarray, ...]
     log_pc = binom.logpmf(cs, n - 1, 2.0 * p)
     widths = np.empty(cs.size, dtype=np.int64)
     starts = np.empty(cs.size, dtype=np.int64)
-    for k, c in enumerate(cs):
-        a_lo, a_hi = _hoeffding_range(int(c), 0.5, tail)
+    for k, count in enumerate(cs):
+        a_lo, a_hi = _hoeffding_range(int(count), 0.5, tail)
         # P0 puts A = a - 1 at a, P1 puts A = a at a: cover both Hoeffding sets.
         starts[k] = a_lo
         widths[k] = a_hi + 1 - a_lo + 1
@@ -182,7 +182,8 @@ def feldman_pair(*, n: int, eps0: float, tail: float = DEFAULT_TAIL) -> FeldmanP
     eps0 = _check_eps0(eps0)
     tail = check_tail(tail)
     parts = list(_chunks(n, eps0, tail))
-    return FeldmanPair(*(np.concatenate([part[i] for part in parts]) for i in range(3)), tail)
+    loss, log_p, log_q = (np.concatenate([part[i] for part in parts]) for i in range(3))
+    return FeldmanPair(loss, log_p, log_q, tail)
 
 
 def _pmfs(
