@@ -16,8 +16,14 @@ first), waits, sends ``SIGKILL`` to any survivor, and raises if one is still ali
 
 Command line (the app's ``[tool.flwr.app.config]`` keys can be overridden with ``-c``)::
 
-    python -m shuffle_opacus.flower.launch simulation APP_DIR --nodes 20 -c "num-nodes=20"
-    python -m shuffle_opacus.flower.launch deployment APP_DIR --nodes 4 -c "num-nodes=4"
+    python -m shuffle_opacus.flower.launch simulation APP_DIR --nodes 20
+    python -m shuffle_opacus.flower.launch deployment APP_DIR --nodes 4 -c "num-rounds=3"
+
+``--nodes`` sets the app's ``num-nodes`` (a different ``-c num-nodes`` is refused before anything
+starts), the console gets one line per round (reports, epsilon, accuracy when evaluated) while
+the run goes, and the full log is ``WORK_DIR/logs/run-<run id>.log``. Flower 1.41's own local
+SuperLink for ``flwr run`` serves interactive use; this launcher keeps by hand what tests and CI
+need beyond it: a private ``FLWR_HOME``, both engines, and every process stopped by id.
 """
 
 from __future__ import annotations
@@ -33,10 +39,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -44,7 +51,7 @@ from typing import Any
 
 from ..analysis._validation import check_int, check_positive
 
-__all__ = ["ENGINES", "LocalFederation", "RunOutcome", "main", "toml_overrides"]
+__all__ = ["ENGINES", "LocalFederation", "RoundPrinter", "RunOutcome", "main", "toml_overrides"]
 
 ENGINES: tuple[str, ...] = ("simulation", "deployment")
 _MARKER = "SHUFFLE_OPACUS_FLOWER_LAUNCH"
@@ -353,15 +360,24 @@ class LocalFederation:
         )
 
     def run(
-        self, app_dir: str | Path, run_config: Mapping[str, Any] | None = None, *, timeout: float
+        self,
+        app_dir: str | Path,
+        run_config: Mapping[str, Any] | None = None,
+        *,
+        timeout: float,
+        on_line: Callable[[str], None] | None = None,
     ) -> RunOutcome:
         """Submit the app with ``flwr run --stream``, wait for its end, return its status.
+
+        The streamed log is written to ``logs/run-<run id>.log`` (``run-not-started-*.log`` if
+        no run id was given) and, line by line, handed to ``on_line`` while the run goes.
 
         Args:
             app_dir: Directory with the app's ``pyproject.toml``.
             run_config: Overrides of the app's ``[tool.flwr.app.config]``.
             timeout: Seconds before ``flwr run`` is killed (> 0); the run then counts as
                 ``timeout``.
+            on_line: Called with every line of the streamed log, as it arrives.
 
         Returns:
             A :class:`RunOutcome`.
@@ -372,7 +388,7 @@ class LocalFederation:
         if not self._procs:
             raise RuntimeError("the federation is not started; use it in a with statement.")
         timeout = check_positive("timeout", timeout)
-        log_path = self.work_dir / "logs" / f"run-{uuid.uuid4().hex[:8]}.log"
+        log_path = self.work_dir / "logs" / f"run-pending-{uuid.uuid4().hex[:8]}.log"
         args = ["run", str(app_dir), _CONNECTION, "--stream"]
         if run_config:
             args += ["-c", toml_overrides(run_config)]
@@ -384,18 +400,48 @@ class LocalFederation:
             }
             args += ["--federation-config", toml_overrides(federation)]
         started = time.monotonic()
+        status = ""
+        run_id: int | None = None
         with log_path.open("w") as log:
+            proc = subprocess.Popen(
+                [str(self.bin_dir / "flwr"), *args],
+                env=self._env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+            )
+            ids: list[int] = []
+
+            def pump() -> None:  # copy the stream to the log and to on_line, line by line
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    log.write(line)
+                    log.flush()
+                    if not ids and (found := re.search(r"Successfully started run (\d+)", line)):
+                        ids.append(int(found.group(1)))
+                    if on_line is not None:
+                        on_line(line.rstrip("\n"))
+
+            reader = threading.Thread(target=pump, daemon=True)
+            reader.start()
             try:
-                self._flwr(args, timeout, stdout=log, stderr=subprocess.STDOUT)
+                proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
                 status = "timeout"
-            else:
-                status = ""
+            reader.join(timeout=30.0)
+            run_id = ids[0] if ids else None
         seconds = time.monotonic() - started
-        match = re.search(r"Successfully started run (\d+)", log_path.read_text(errors="replace"))
-        if match is None:
-            return RunOutcome(None, status or "not-started", seconds, log_path)
-        run_id = int(match.group(1))
+        named = log_path.with_name(
+            f"run-{run_id}.log"
+            if run_id is not None
+            else log_path.name.replace("pending", "not-started")
+        )
+        os.replace(log_path, named)
+        if run_id is None:
+            return RunOutcome(None, status or "not-started", seconds, named)
         if not status:
             listing = self._flwr(
                 ["list", _CONNECTION, "--run-id", str(run_id), "--format", "json"],
@@ -407,7 +453,69 @@ class LocalFederation:
                 status = json.loads(listing.stdout)["runs"][0]["status"]
             except (ValueError, KeyError, IndexError):
                 status = "unknown"
-        return RunOutcome(run_id, status, seconds, log_path)
+        return RunOutcome(run_id, status, seconds, named)
+
+
+class RoundPrinter:
+    """Turn the strategies' log lines into one console line per round.
+
+    The check-in strategies log ``round N: R reports, epsilon = E (delta = D)`` after each
+    round and ``round N: server evaluation {...}`` when the app evaluates; this prints
+    ``round N: R reports, epsilon E (delta D)``, with the evaluation's accuracy appended when
+    there is one, as soon as the round's lines are complete.
+
+    Args:
+        write: Where the lines go (``print`` by default).
+        total: Rounds configured, shown as ``N/total`` when given.
+    """
+
+    _ROUND = re.compile(r"round (\d+): (\d+) reports, epsilon = (\S+) \(delta = ([^)]+)\)")
+    _EVAL = re.compile(r"round (\d+): server evaluation (\{.*\})")
+    _ACCURACY = re.compile(r"'([\w-]*accuracy[\w-]*)': ([0-9.eE+-]+)")
+
+    def __init__(self, write: Callable[[str], None] = print, total: int | None = None) -> None:
+        self.write = write
+        self.total = total
+        self._pending: tuple[int, str] | None = None
+        self.rounds_printed = 0
+
+    def __call__(self, line: str) -> None:
+        """Read one log line."""
+        if found := self._ROUND.search(line):
+            self.flush()
+            number, reports, epsilon, delta = found.groups()
+            where = f"{number}/{self.total}" if self.total else number
+            text = f"round {where}: {reports} reports, epsilon {epsilon} (delta {delta})"
+            self._pending = (int(number), text)
+        elif (found := self._EVAL.search(line)) and self._pending is not None:
+            if int(found.group(1)) == self._pending[0]:
+                accuracy = self._ACCURACY.search(found.group(2))
+                if accuracy is not None:
+                    name, value = accuracy.groups()
+                    self._pending = (self._pending[0], f"{self._pending[1]}, {name} {value}")
+                self.flush()
+
+    def flush(self) -> None:
+        """Print the round held back, if any."""
+        if self._pending is not None:
+            self.write(self._pending[1])
+            self.rounds_printed += 1
+            self._pending = None
+
+
+def _app_config_keys(app_dir: Path) -> dict[str, Any]:
+    """Return the app's ``[tool.flwr.app.config]`` table (empty if there is none)."""
+    try:
+        import tomllib
+    except ImportError:  # pragma: no cover - Python 3.10; flwr depends on tomli
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    try:
+        data = tomllib.loads((app_dir / "pyproject.toml").read_text())
+    except (OSError, ValueError):
+        return {}
+    config = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})
+    return config if isinstance(config, dict) else {}
 
 
 def _parse_overrides(text: str) -> dict[str, Any]:
@@ -442,15 +550,49 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for the run")
     parser.add_argument("--work-dir", type=Path, default=None, help="logs and Flower home")
     args = parser.parse_args(argv)
-    overrides = _parse_overrides(args.run_config)
+    try:
+        overrides = _parse_overrides(args.run_config)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.nodes < 1:
+        parser.error(f"--nodes must be an integer >= 1. Found {args.nodes}.")
+    # The app's num-nodes (its population n, the accountant's n) and the nodes started must be
+    # one number: --nodes sets it, and a different -c num-nodes is refused before anything starts.
+    app_config = _app_config_keys(args.app_dir)
+    if "num-nodes" in overrides and overrides["num-nodes"] != args.nodes:
+        parser.error(
+            f"-c num-nodes={overrides['num-nodes']} disagrees with --nodes {args.nodes}; give one "
+            f"number (--nodes sets the app's num-nodes)."
+        )
+    if "num-nodes" in app_config:
+        overrides["num-nodes"] = args.nodes
+    total = next(
+        (
+            c[k]
+            for k in ("num-server-rounds", "num-rounds")
+            for c in (overrides, app_config)
+            if k in c
+        ),
+        None,
+    )
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="flower-"))
     started = time.monotonic()
+    printer = RoundPrinter(
+        lambda text: print(text, flush=True), total if isinstance(total, int) else None
+    )
+    print(
+        f"starting a local {args.engine} federation of {args.nodes} nodes "
+        f"(logs in {work / 'logs'})",
+        flush=True,
+    )
     with LocalFederation(args.engine, num_nodes=args.nodes, work_dir=work) as federation:
         up = time.monotonic() - started
-        outcome = federation.run(args.app_dir, overrides, timeout=args.timeout)
-    total = time.monotonic() - started
+        print(f"federation up in {up:.1f} s; running {args.app_dir}", flush=True)
+        outcome = federation.run(args.app_dir, overrides, timeout=args.timeout, on_line=printer)
+        printer.flush()
+    total_s = time.monotonic() - started
     print(f"run {outcome.run_id}: {outcome.status}")
-    print(f"federation up in {up:.1f} s, run {outcome.seconds:.1f} s, total {total:.1f} s")
+    print(f"federation up in {up:.1f} s, run {outcome.seconds:.1f} s, total {total_s:.1f} s")
     print(f"{federation.processes_stopped} processes stopped; log {outcome.log_path}")
     return 0 if outcome.completed else 1
 
