@@ -54,22 +54,35 @@ if importlib.util.find_spec("flwr") is None:  # pragma: no cover - exercised in 
         "pip install 'shuffle-opacus[flower]'"
     )
 
-from .config import METRIC_KEYS, ShufflePrivacyConfig  # noqa: E402
+from .config import METRIC_KEYS, MODES, SECAGG, TRUSTED_SERVER, ShufflePrivacyConfig  # noqa: E402
 from .inprocess import InProcessGrid  # noqa: E402
 from .mod import LocalShuffleDPMod  # noqa: E402
+from .modes import PrivacyModeMod  # noqa: E402
+from .secagg import SecAggParameters, secagg_parameters  # noqa: E402
+from .secagg_mod import SecAggCheckInMod  # noqa: E402
+from .secagg_strategy import SECAGG_ROUND_METRIC_KEYS, SecAggCheckInFedAvg  # noqa: E402
 from .shuffler import ShuffledReplies, check_in, make_rng, shuffle_replies  # noqa: E402
 from .strategy import ROUND_METRIC_KEYS, ProtocolViolationError, ShuffleCheckInFedAvg  # noqa: E402
 
 __all__ = [
     "METRIC_KEYS",
+    "MODES",
     "ROUND_METRIC_KEYS",
+    "SECAGG",
+    "SECAGG_ROUND_METRIC_KEYS",
+    "TRUSTED_SERVER",
     "InProcessGrid",
     "LocalShuffleDPMod",
+    "PrivacyModeMod",
     "ProtocolViolationError",
+    "SecAggCheckInFedAvg",
+    "SecAggCheckInMod",
+    "SecAggParameters",
     "ShuffleCheckInFedAvg",
     "ShufflePrivacyConfig",
     "ShuffledReplies",
     "check_in",
     "make_rng",
+    "secagg_parameters",
     "shuffle_replies",
 ]
