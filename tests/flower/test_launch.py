@@ -123,12 +123,13 @@ def test_flwr_run_simulation_both_modes(tmp_path):
     print(f"flwr run: {time.monotonic() - started:.1f} s with start and stop")
 
 
-def test_mnist_app_in_process(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["trusted-server", "secagg"])
+def test_mnist_app_in_process(tmp_path, monkeypatch, mode):
     """The MNIST app's ServerApp and ClientApp, 20 nodes × 4 images, 2 rounds, in-process.
 
     Checks the run directory the ServerApp writes (``rounds.csv`` with ε equal to
     ``history_epsilon`` after every round, ``summary.json``) and that the training loss the
-    ClientApp computes never reaches the server.
+    ClientApp computes never reaches the server, in both trust modes.
     """
     monkeypatch.syspath_prepend(str(MNIST_APP))
     for name in [m for m in sys.modules if m.startswith("flower_mnist")]:
@@ -144,6 +145,7 @@ def test_mnist_app_in_process(tmp_path, monkeypatch):
     nodes, rate, sigma = 20, 0.5, 1.0
     config = {
         **defaults["tool"]["flwr"]["app"]["config"],
+        "mode": mode,
         "num-nodes": nodes,
         "examples-per-node": 4,
         "rate": rate,
@@ -174,10 +176,14 @@ def test_mnist_app_in_process(tmp_path, monkeypatch):
         ).epsilon
         assert float(row["epsilon"]) == pytest.approx(expected, rel=1e-12)
         assert 0.0 <= float(row["test-accuracy"]) <= 1.0
+        if mode == "secagg":
+            assert int(row["num-reports"]) == nodes  # every node is in every secure sum
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["stop_reason"] is None
-    replies = [r for r in seen if "arrays" in r.content.keys()]
-    assert replies and all("train-loss" not in repr(r.content) for r in replies)
+    assert summary["mode"] == mode
+    replies = [r for r in seen if r.has_content()]
+    assert len(replies) >= (nodes if mode == "trusted-server" else 4 * 2 * nodes)
+    assert all("train-loss" not in repr(r.content) for r in replies)
 
 
 def _wrap(app, outer):
