@@ -381,19 +381,7 @@ class SecAggCheckInFedAvg(Strategy):
         m = len(results)
         names = list(self._model.keys())
         mean = parameters_to_ndarrays(results[0][1].parameters)
-        shapes = [tuple(self._model[name].shape) for name in names]
-        if len(mean) != len(names) + 1 or [a.shape for a in mean[:-1]] != shapes:
-            raise ProtocolViolationError(
-                f"round {server_round}: the secure sum does not have the model's shapes."
-            )
-        total = [m * np.asarray(a, dtype=np.float64) for a in mean]
-        count_raw = float(total[-1].reshape(-1)[0]) / self.parameters.count_value
-        count = round(count_raw)
-        if not math.isfinite(count_raw) or abs(count_raw - count) > 0.25 or not 0 <= count <= m:
-            raise ProtocolViolationError(
-                f"round {server_round}: the secure count {count_raw!r} is not a whole number "
-                f"of nodes in [0, {m}]; a node does not follow the protocol."
-            )
+        total, count = self.decode(server_round, mean, m)
         if count > 0:
             updated = {}
             for i, name in enumerate(names):
@@ -424,6 +412,43 @@ class SecAggCheckInFedAvg(Strategy):
             self.privacy.delta,
         )
         return None, dict(values)
+
+    def decode(
+        self, server_round: int, aggregate: list[np.ndarray], num_in_sum: int
+    ) -> tuple[list[np.ndarray], int]:
+        """Turn SecAgg+'s aggregate into the sum of the reports and the number ``K``.
+
+        Args:
+            server_round: The round (for messages).
+            aggregate: What SecAgg+ returns: the mean over the ``m`` nodes in the sum, one
+                array per model array and the count coordinate last.
+            num_in_sum: ``m``.
+
+        Returns:
+            ``(sums, K)``: ``m`` times each model array of the aggregate (float64), and the
+            count coordinate's sum divided by the clipping range, rounded (its error is
+            below ``m Δ / c < 1/2``).
+
+        Raises:
+            ProtocolViolationError: if the shapes are not the model's or the count is not a
+                whole number of nodes in ``[0, m]``.
+        """
+        if self._model is None or self.parameters is None:
+            raise ProtocolViolationError("decode needs the run's model and SecAgg+ parameters.")
+        shapes = [tuple(a.shape) for a in self._model.values()]
+        if len(aggregate) != len(shapes) + 1 or [a.shape for a in aggregate[:-1]] != shapes:
+            raise ProtocolViolationError(
+                f"round {server_round}: the secure sum does not have the model's shapes."
+            )
+        total = [num_in_sum * np.asarray(a, dtype=np.float64) for a in aggregate]
+        count_raw = float(total[-1].reshape(-1)[0]) / self.parameters.count_value
+        count = round(count_raw) if math.isfinite(count_raw) else -1
+        if count < 0 or count > num_in_sum or abs(count_raw - count) > 0.25:
+            raise ProtocolViolationError(
+                f"round {server_round}: the secure count {count_raw!r} is not a whole number "
+                f"of nodes in [0, {num_in_sum}]; a node does not follow the protocol."
+            )
+        return total[:-1], count
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
