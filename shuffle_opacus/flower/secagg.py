@@ -7,7 +7,7 @@ checked in, zeros otherwise; ``d`` coordinates) and a count coordinate (``c`` if
 0 otherwise). Flower's SecAgg+ (``flwr.client.mod.secaggplus_mod`` and
 ``flwr.server.workflow.SecAggPlusWorkflow``, the protocol of Bell, Bonawitz, Gascón, Lepoint
 and Raykova, *Secure Single-Server Aggregation with (Poly)Logarithmic Overhead*, CCS 2020,
-arXiv:2006.00744) then, on each node, clips every coordinate to ``[-c, c]`` (the *clipping
+IACR ePrint 2020/704) then, on each node, clips every coordinate to ``[-c, c]`` (the *clipping
 range*), maps it to an integer in ``[0, T]`` by unbiased stochastic rounding (``T`` is the
 *quantisation range*), masks it modulo ``M`` (the *modulus*), and the server recovers the sum
 of the integers modulo ``M`` and maps it back.
@@ -37,8 +37,11 @@ matters:
   because ``m Δ < c / 2`` (``T > 4n``);
 * **shares** ``s`` and **reconstruction threshold** ``t``: Flower places the nodes of a round on
   a ring in random order and makes each node share its secrets with the ``(s − 1) / 2`` nodes
-  on each side (all nodes when ``s = n``). We take the smallest odd ``s ≥ max(9, 2D + 1)``
-  (:data:`MIN_SHARES`; ``s = n`` when that is not below ``n``) and ``t = ⌊s/2⌋ + 1``. Then
+  on each side (all nodes when ``s = n``, which is the SecAgg protocol of Bonawitz, Ivanov,
+  Kreuter, Marcedone, McMahan, Patel, Ramage, Segal and Seth, *Practical Secure Aggregation
+  for Privacy-Preserving Machine Learning*, CCS 2017, IACR ePrint 2017/281). We take the
+  smallest odd ``s ≥ max(9, 2D + 1)`` (:data:`MIN_SHARES`; ``s = n`` when that is not below
+  ``n``) and ``t = ⌊s/2⌋ + 1``. Then
 
   - up to ``D`` = ``max_dropouts`` nodes may be lost in a round and every node still has ``t``
     live neighbours (``s − t ≥ D``), which Flower needs to unmask;

@@ -7,7 +7,7 @@ only) mod of the ``ClientApp``::
 
 It wraps Flower's own ``flwr.client.mod.secaggplus_mod`` (the client side of SecAgg+, Bell,
 Bonawitz, Gascón, Lepoint and Raykova, *Secure Single-Server Aggregation with
-(Poly)Logarithmic Overhead*, CCS 2020, arXiv:2006.00744) around its privatisation step, so the
+(Poly)Logarithmic Overhead*, CCS 2020, IACR ePrint 2020/704) around its privatisation step, so the
 order is fixed: **this node's report is clipped, noised, and zeroed if the node did not check
 in before SecAgg+ quantises and masks it**. That is the mod order ``[secaggplus_mod,
 privatise]``: ``secaggplus_mod`` calls the privatisation step (and through it the training

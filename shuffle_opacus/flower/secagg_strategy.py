@@ -4,7 +4,7 @@
 server never chooses who checks in and never sees a node's report: in every round it sends the
 current model to **all** ``n`` nodes through Flower's SecAgg+ (Bell, Bonawitz, Gascón, Lepoint
 and Raykova, *Secure Single-Server Aggregation with (Poly)Logarithmic Overhead*, CCS 2020,
-arXiv:2006.00744); each node's :class:`~shuffle_opacus.flower.SecAggCheckInMod` flips its own
+IACR ePrint 2020/704); each node's :class:`~shuffle_opacus.flower.SecAggCheckInMod` flips its own
 coin and contributes its clipped, noised report or zeros, plus a count coordinate; the server
 recovers only the sum of the reports and the number ``K`` of nodes that checked in, and moves the
 model by the sum divided by ``K``.
