@@ -587,3 +587,14 @@ def test_strategy_and_router_arguments():
     assert reply.has_error() and "privacy-mode must be one of trusted-server, secagg" in (
         reply.error.reason
     )
+
+
+def test_fewer_nodes_never_lower_epsilon():
+    """The dropout rule accounts a sum of m >= n − D nodes with population n − D: that needs ε
+    non-increasing in the population (the post-processing argument of docs/maths.md)."""
+    eps = [
+        history_epsilon([(1.5, 0.5, 20)], protocol="checkin", delta=1e-5, population=p).epsilon
+        for p in range(2, 41)
+    ]
+    assert all(a >= b for a, b in zip(eps, eps[1:], strict=False))
+    assert eps[0] > eps[-1]
