@@ -598,3 +598,16 @@ def test_fewer_nodes_never_lower_epsilon():
     ]
     assert all(a >= b for a, b in zip(eps, eps[1:], strict=False))
     assert eps[0] > eps[-1]
+
+
+def test_documented_parameters_of_the_mnist_app():
+    """docs/flower.md quotes the SecAgg+ parameters of the MNIST app's defaults (n = 100,
+    cnn_small's 5,154 weights, C = 0.1, σ = 1.5); they must be what the code derives."""
+    from pathlib import Path
+
+    p = secagg_parameters(num_nodes=100, dimension=5154, clip_norm=0.1, noise_multiplier=1.5)
+    assert (p.num_shares, p.threshold, p.quantization_range) == (9, 5, 2**24)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "flower.md").read_text()
+    quoted = f"s = 9, t = 5, c = {p.clipping_range:.3f}, T = 2²⁴, Δ = {p.step:.1e}"
+    assert quoted.replace("e-07", "·10⁻⁷") in doc
+    assert f"{p.sum_error_bound(100) / 50:.1e}".replace("e-07", "·10⁻⁷") in doc
