@@ -216,3 +216,22 @@ def test_documented_run_matches_the_accountant():
             sensitivity=config["sensitivity"],
         ).epsilon
         assert float(rows[r]["epsilon"]) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["trusted-server-0", "trusted-server-1", "secagg"])
+def test_documented_runs_of_both_modes_match_the_accountant(name):
+    """The 30-round runs of both modes in docs/flower.md: ε after rounds 1, 15 and 30 is the
+    check-in accountant's for the app's defaults (n = 100, γ = 0.5, σ = 1.5), the same in
+    both modes, and each summary is its last row."""
+    folder = Path(__file__).resolve().parents[2] / "docs" / "figures" / "flower" / "modes"
+    with (folder / f"{name}.rounds.csv").open() as fh:
+        rows = {int(r["round"]): r for r in csv.DictReader(fh)}
+    summary = json.loads((folder / f"{name}.summary.json").read_text())
+    assert summary["mode"] == ("secagg" if name == "secagg" else "trusted-server")
+    assert summary["rounds"] == max(rows) == 30
+    assert summary["final_test_accuracy"] == float(rows[30]["test-accuracy"])
+    for r in (1, 15, 30):
+        expected = history_epsilon(
+            [(1.5, 0.5, r)], protocol="checkin", delta=1e-5, population=100
+        ).epsilon
+        assert float(rows[r]["epsilon"]) == pytest.approx(expected, rel=1e-9)
