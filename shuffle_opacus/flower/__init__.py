@@ -19,7 +19,15 @@ Differential Privacy*, arXiv:2206.09569) at **user level**: the unit of privacy 
 Inside one Flower server the check-in draw and the shuffler run in the ServerApp process, so
 they *simulate* a trusted shuffler: the guarantee holds against whoever sees only the
 shuffler's output (the aggregated model and the round metrics), not against the operator of the
-ServerApp or SuperLink. ``docs/flower.md`` says what a real deployment needs.
+ServerApp or SuperLink. This is the **trusted-server mode**.
+
+The **secure-aggregation mode** trusts no server: every node flips its own coin
+(:class:`SecAggCheckInMod`), every node's report, or zeros, enters Flower's SecAgg+ sum (Bell,
+Bonawitz, Gascón, Lepoint and Raykova, *Secure Single-Server Aggregation with (Poly)Logarithmic
+Overhead*, CCS 2020, IACR ePrint 2020/704), and :class:`SecAggCheckInFedAvg` learns only the sum
+and the number of participants; the same check-in accountant applies (population ``n − D`` with
+``D`` tolerated dropouts) under SecAgg+'s assumptions. ``docs/flower.md`` and ``docs/maths.md``
+state both modes' guarantees and assumptions.
 
 Before the first round the strategy sends every node the privacy parameters alone; a node
 whose mod is missing or disagrees (noise floor, sensitivity convention) stops the run with one
@@ -33,6 +41,9 @@ Parts:
   (:mod:`.mod`);
 * :class:`ShuffleCheckInFedAvg`: the check-in FedAvg with shuffler, accountant and budget stop
   (:mod:`.strategy`);
+* :class:`SecAggCheckInMod`, :class:`SecAggCheckInFedAvg`, :func:`secagg_parameters`: the
+  secure-aggregation mode (:mod:`.secagg_mod`, :mod:`.secagg_strategy`, :mod:`.secagg`);
+* :class:`PrivacyModeMod`: one ClientApp for both modes (:mod:`.modes`);
 * :func:`check_in`, :func:`shuffle_replies`, :func:`make_rng`: the check-in coins and the
   shuffler (:mod:`.shuffler`);
 * :class:`InProcessGrid`: a Grid that calls a ``ClientApp`` in the same process, for tests and
