@@ -24,7 +24,9 @@ stage the node
 2. flips its own check-in coin with probability γ from the operating system's secure source
    (:class:`random.SystemRandom`); the coin never leaves the node;
 3. runs the training code (also when the coin says no, unless ``train_when_absent=False``, so
-   that its reply time does not depend on the coin), computes the update over all arrays,
+   that its reply time does not depend on the coin; with ``reply_after`` it also waits until a
+   fixed time, so that the reply time does not depend on how long the training took on its
+   data either), computes the update over all arrays,
    clips it to norm ``C`` (a failed or non-finite training gives the zero update, which is in
    the ball) and draws ``N(0, σ²C²)`` for every coordinate (always, for the same reason);
 4. returns, for SecAgg+ to mask, the vector ``b (clipped update + noise)`` and the count
@@ -55,6 +57,7 @@ import logging
 import math
 import random
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -122,6 +125,7 @@ class SecAggCheckInMod:
         max_rate: The check-in ceiling fixed in code.
         sensitivity: The sensitivity convention (in units of ``C``) the node agrees to.
         train_when_absent: Whether the training code runs in rounds the node sits out.
+        reply_after: Seconds after the masked-vector instruction before the node replies.
         allow_noiseless: Whether σ = 0 is accepted (tests only).
         seed: Seed of coins and noise (tests only; ``None``: the operating system).
         secure_aggregation_mod: Flower's ``secaggplus_mod`` (replaceable for instrumentation
@@ -135,6 +139,7 @@ class SecAggCheckInMod:
         max_rate: float = 1.0,
         sensitivity: float | str = "replace-one",
         train_when_absent: bool = True,
+        reply_after: float = 0.0,
         allow_noiseless: bool = False,
         seed: int | None = None,
         secure_aggregation_mod: Mod = secaggplus_mod,
@@ -152,6 +157,12 @@ class SecAggCheckInMod:
                 does not tell whether it checked in. ``False`` saves that work but lets whoever
                 sees reply times (the server, the SuperLink, the network) learn who checked in,
                 which the analysis does not allow.
+            reply_after: Seconds (>= 0) that the masked-vector step takes at least: the node
+                waits until then before handing its report to SecAgg+, so that the time of its
+                reply does not depend on how long its training took (and so on its data, e.g.
+                its number of examples). 0 (default) replies as soon as the report is ready.
+                Choose it above the slowest training and below the server's stage timeout; a
+                training that takes longer replies late (logged on the node).
             allow_noiseless: Accept σ = 0 (the clipped updates then enter the sum without
                 noise; tests only).
             seed: Integer >= 0 for reproducible coins and noise per node and round (tests
@@ -171,6 +182,7 @@ class SecAggCheckInMod:
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False. Found {value!r}.")
         self.train_when_absent = train_when_absent
+        self.reply_after = check_nonnegative("reply_after", reply_after)
         self.allow_noiseless = allow_noiseless
         self.seed = None if seed is None else check_int("seed", seed, minimum=0)
         if not callable(secure_aggregation_mod):
@@ -275,6 +287,7 @@ class SecAggCheckInMod:
         Raises:
             ValueError: to leave the round when the instruction is refused (step 1).
         """
+        started = time.monotonic()
         record = msg.content.config_records.get(FITINS_CONFIG)
         if record is None or FITINS_ARRAYS not in msg.content.array_records:
             raise ValueError(_PREFIX + "the SecAgg+ instruction carries no training instruction")
@@ -308,6 +321,11 @@ class SecAggCheckInMod:
             report.append(indicator * (scale * update[name] + noise))
         report.append(np.array([indicator * params.count_value]))
         echo = secagg_echo(privacy, num_nodes=num_nodes, max_dropouts=max_dropouts)
+        elapsed = time.monotonic() - started
+        if elapsed < self.reply_after:
+            time.sleep(self.reply_after - elapsed)
+        elif self.reply_after > 0:
+            _LOG.warning("the round took %.1f s, longer than reply_after", elapsed)
         fitres = FitRes(
             status=Status(code=Code.OK, message=""),
             parameters=ndarrays_to_parameters(report),

@@ -30,7 +30,8 @@ population ``n − D``, rate γ and the nodes' σ:
   acts on each report alone and the sum is symmetric); so the view is post-processing of the
   shuffled check-in output, and the check-in analysis applies (``docs/maths.md``);
 * every node runs :class:`~shuffle_opacus.flower.SecAggCheckInMod` and flips its coin with
-  operating-system randomness; every node takes part in every round's sum;
+  operating-system randomness; every node takes part in every round's sum and trains in every
+  round; reply times do not depend on the data (the mod's ``reply_after`` pads them);
 * a node is missing from a round's sum (a dropout) independently of its data and its coin, at
   most ``D`` nodes are missing, and a round with more is halted before its sum is unmasked;
 * SecAgg+'s assumptions hold: the server (and the SuperLink) is honest but curious, and fewer

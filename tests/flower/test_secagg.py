@@ -556,6 +556,7 @@ def test_the_secagg_mod_refuses_other_instructions():
         ({"min_noise_multiplier": -1.0}, "min_noise_multiplier must be"),
         ({"train_when_absent": "yes"}, "train_when_absent must be True or False"),
         ({"seed": -1}, "seed must be an integer >= 0"),
+        ({"reply_after": -1.0}, "reply_after must be"),
         ({"secure_aggregation_mod": 3}, "secure_aggregation_mod must be a mod"),
     ],
 )
@@ -611,3 +612,15 @@ def test_documented_parameters_of_the_mnist_app():
     quoted = f"s = 9, t = 5, c = {p.clipping_range:.3f}, T = 2²⁴, Δ = {p.step:.1e}"
     assert quoted.replace("e-07", "·10⁻⁷") in doc
     assert f"{p.sum_error_bound(100) / 50:.1e}".replace("e-07", "·10⁻⁷") in doc
+
+
+def test_reply_after_pads_the_masked_vector_step(monkeypatch):
+    """With ``reply_after`` every node waits until that many seconds after the masked-vector
+    instruction arrived before handing over its report, whatever its training took."""
+    import shuffle_opacus.flower.secagg_mod as secagg_mod_module
+
+    slept = []
+    monkeypatch.setattr(secagg_mod_module.time, "sleep", slept.append)
+    grid = InProcessGrid(numpy_app(shift_update(0.04), mod=secagg_mod(reply_after=30.0)), 3)
+    SecAggCheckInFedAvg(privacy=privacy(), num_nodes=3).start(grid, model(), num_rounds=1)
+    assert len(slept) == 3 and all(29.0 < s <= 30.0 for s in slept)
