@@ -1,7 +1,9 @@
-"""Seconds per round against the number of nodes: Flower path and one-process path.
+"""Seconds per round against the number of nodes: Flower (both trust modes), one-process path.
 
-Run: ``python benchmarks/flower.py [--nodes 20 100 500] [--rounds 4]`` (pin it to the cores you
-want measured, e.g. ``taskset -c 1``; every process it starts inherits that).
+Run: ``python benchmarks/flower.py [--nodes 20 100 500] [--rounds 4] [--paths ...]`` (pin it to
+the cores you want measured, e.g. ``taskset -c 1``; every process it starts inherits that), and
+``python benchmarks/flower.py --quantisation [--nodes 100] [--rounds 3]`` for the quantisation
+error of the secure-aggregation mode.
 
 Workload, identical on every path: the MNIST app of ``experiments/flower_mnist`` (model
 ``cnn_small``, 5,154 parameters), **one image per node**, rate 1 (every node reports every
@@ -16,12 +18,24 @@ reports of one example each, like a round of the one-process path with B = N:
 * ``flower in-process``: the same ServerApp and ClientApp objects driven by
   :class:`shuffle_opacus.flower.InProcessGrid` in this process (no Ray, no network): what the
   strategy, the mod and the ClientApp cost without Flower's runtime;
+* ``flower secagg simulation`` and ``flower secagg in-process``: the same two, with the app's
+  ``mode = "secagg"``: every round is one run of Flower's SecAgg+ over all N nodes (four
+  exchanges with every node: set-up, key sharing, masked vectors, unmasking), each node draws
+  its own coin (rate 1: every node checks in, so the reports are those of the other paths);
 * ``one-process make_private``: :func:`shuffle_opacus.make_private` (``shuffled_checkin``,
   rate 1, ``noise_mode="sum"``, ``grad_sample_mode="hooks"``) on the same N images: one
   batched forward/backward with per-sample clipping and local noise; median of the timed
   rounds after one warm-up.
 
 torch uses one thread everywhere (``OMP_NUM_THREADS=1``).
+
+``--quantisation`` runs the MNIST app's training code (``cnn_small``, 600 images per node, the
+app's defaults: rate 0.5, noise multiplier 1.5, clipping norm 0.1) under the secure-aggregation
+mode in this process, with every node's plain report recorded on the node before SecAgg+
+masks it, and prints, per round, the largest and the root-mean-square difference per
+coordinate between the model update the server decoded and the plain mean of the
+participants' reports, next to the bound ``m Δ / K`` and to the standard deviation of the
+noise of the mean, ``σC / √K``.
 """
 
 from __future__ import annotations
@@ -61,11 +75,12 @@ WORKLOAD = {
 }
 
 
-def app_config(nodes: int, rounds: int, out: Path) -> dict:
+def app_config(nodes: int, rounds: int, out: Path, mode: str = "trusted-server") -> dict:
     config = tomllib.loads((APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     return {
         **config,
         **WORKLOAD,
+        "mode": mode,
         "num-nodes": nodes,
         "num-server-rounds": rounds,
         "out-dir": str(out),
@@ -79,14 +94,14 @@ def round_times(out: Path) -> list[float]:
     return list(np.diff(seconds))
 
 
-def flower_simulation(nodes: int, rounds: int) -> dict:
+def flower_simulation(nodes: int, rounds: int, mode: str = "trusted-server") -> dict:
     from shuffle_opacus.flower.launch import LocalFederation
 
     with tempfile.TemporaryDirectory(prefix="flower-bench-") as tmp:
         out = Path(tmp) / "out"
         started = time.monotonic()
         with LocalFederation("simulation", num_nodes=nodes, work_dir=Path(tmp) / "f") as fed:
-            outcome = fed.run(APP, app_config(nodes, rounds, out), timeout=3000)
+            outcome = fed.run(APP, app_config(nodes, rounds, out, mode), timeout=3000)
         total = time.monotonic() - started
         if not outcome.completed:
             raise RuntimeError(f"run {outcome.status}: {outcome.log_path.read_text()[-2000:]}")
@@ -94,7 +109,7 @@ def flower_simulation(nodes: int, rounds: int) -> dict:
     return {"per_round": statistics.median(times[1:]), "first": times[0], "total": total}
 
 
-def flower_inprocess(nodes: int, rounds: int) -> dict:
+def flower_inprocess(nodes: int, rounds: int, mode: str = "trusted-server") -> dict:
     sys.path.insert(0, str(APP))
     from flower_mnist.client_app import app as client_app
     from flower_mnist.server_app import app as server_app
@@ -104,7 +119,7 @@ def flower_inprocess(nodes: int, rounds: int) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="flower-bench-") as tmp:
         out = Path(tmp) / "out"
-        config = app_config(nodes, rounds, out)
+        config = app_config(nodes, rounds, out, mode)
         grid = InProcessGrid(client_app, nodes, run_config=config)
         started = time.monotonic()
         server_app(grid, Context(1, 0, {}, RecordDict(), config))
@@ -151,9 +166,92 @@ def one_process(nodes: int, rounds: int) -> dict:
     return {"per_round": statistics.median(times[1:]), "first": times[0], "total": total}
 
 
+def quantisation(nodes: int, rounds: int) -> list[dict]:
+    """The decoded update against the plain mean of the reports, per round (see the docstring)."""
+    sys.path.insert(0, str(APP))
+    from flower_mnist.client_app import train
+    from flower_mnist.task import initial_model
+    from flwr.app import ArrayRecord
+    from flwr.client.mod import secaggplus_mod
+    from flwr.clientapp import ClientApp
+    from flwr.common import parameters_to_ndarrays
+    from flwr.compat.common import recorddict_compat as compat
+
+    from shuffle_opacus.flower import (
+        InProcessGrid,
+        SecAggCheckInFedAvg,
+        SecAggCheckInMod,
+        ShufflePrivacyConfig,
+    )
+
+    config = tomllib.loads((APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    config = {**config, "num-nodes": nodes}
+    reports: dict = {}
+
+    def spy(msg, ctx, call_next):
+        def step(inner, c):
+            reply = call_next(inner, c)
+            fitres = compat.recorddict_to_fitres(reply.content, keep_input=True)
+            server_round = int(inner.content.config_records["fitins.config"]["server-round"])
+            reports[(server_round, int(c.node_id))] = parameters_to_ndarrays(fitres.parameters)
+            return reply
+
+        return secaggplus_mod(msg, ctx, step)
+
+    app = ClientApp(mods=[SecAggCheckInMod(min_noise_multiplier=0.5, secure_aggregation_mod=spy)])
+    app.train()(train)
+    privacy = ShufflePrivacyConfig(
+        noise_multiplier=config["noise-multiplier"],
+        clip_norm=config["clip-norm"],
+        rate=config["rate"],
+        delta=config["delta"],
+    )
+    decoded: dict = {}
+
+    class Recording(SecAggCheckInFedAvg):
+        def decode(self, server_round, aggregate, num_in_sum):
+            sums, count = super().decode(server_round, aggregate, num_in_sum)
+            decoded[server_round] = (np.concatenate([a.ravel() for a in sums]), count, num_in_sum)
+            return sums, count
+
+    strategy = Recording(privacy=privacy, num_nodes=nodes)
+    torch.set_num_threads(1)
+    initial = ArrayRecord(initial_model(config["model"], config["model-seed"]).state_dict())
+    grid = InProcessGrid(app, nodes, run_config=config)
+    strategy.start(grid, initial, num_rounds=rounds)
+    params = strategy.parameters
+    rows = []
+    for r in range(1, rounds + 1):
+        total, k, m = decoded[r]
+        mine = [reports[(r, node)] for node in grid.contexts]
+        ins = [rep for rep in mine if rep[-1][0] > 0]
+        assert len(ins) == k, "the secure count is the number of participants"
+        plain = np.sum([np.concatenate([a.ravel() for a in rep[:-1]]) for rep in ins], 0)
+        error = (total - plain) / k  # the error of the averaged update, in float64
+        rows.append(
+            {
+                "round": r,
+                "checked_in": k,
+                "max": float(np.max(np.abs(error))),
+                "rms": float(np.sqrt(np.mean(error**2))),
+                "bound": params.sum_error_bound(m) / k,
+                "noise": privacy.noise_std / np.sqrt(k),
+            }
+        )
+    print(
+        f"\nSecAgg+ parameters: {params.num_shares} shares, threshold {params.threshold}, "
+        f"clipping range c = {params.clipping_range:.6g}, quantisation range T = "
+        f"{params.quantization_range}, modulus M = {params.modulus_range}, step "
+        f"Delta = {params.step:.3g}, clipping bias bound {params.clipping_bias_bound():.3g}"
+    )
+    return rows
+
+
 PATHS = {
     "flower simulation": flower_simulation,
+    "flower secagg simulation": lambda n, r: flower_simulation(n, r, "secagg"),
     "flower in-process": flower_inprocess,
+    "flower secagg in-process": lambda n, r: flower_inprocess(n, r, "secagg"),
     "one-process make_private": one_process,
 }
 
@@ -163,7 +261,22 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[20, 100, 500])
     parser.add_argument("--rounds", type=int, default=4, help="rounds per run (>= 2)")
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
+    parser.add_argument("--quantisation", action="store_true", help="quantisation error only")
     args = parser.parse_args()
+    if args.quantisation:
+        for nodes in args.nodes:
+            rows = quantisation(nodes, args.rounds)
+            print(f"\n{nodes} nodes, 600 images each, {args.rounds} rounds\n")
+            print(
+                "| round | K | max error | rms error | bound m*Delta/K | noise sd sigma*C/sqrt(K) |"
+            )
+            print("|---:|---:|---:|---:|---:|---:|")
+            for r in rows:
+                print(
+                    f"| {r['round']} | {r['checked_in']} | {r['max']:.2e} | {r['rms']:.2e} | "
+                    f"{r['bound']:.2e} | {r['noise']:.2e} |"
+                )
+        return
     rows = []
     jobs = [(path, n) for n in args.nodes for path in args.paths]
     for path, nodes in tqdm(jobs, desc="configurations"):

@@ -19,7 +19,15 @@ Differential Privacy*, arXiv:2206.09569) at **user level**: the unit of privacy 
 Inside one Flower server the check-in draw and the shuffler run in the ServerApp process, so
 they *simulate* a trusted shuffler: the guarantee holds against whoever sees only the
 shuffler's output (the aggregated model and the round metrics), not against the operator of the
-ServerApp or SuperLink. ``docs/flower.md`` says what a real deployment needs.
+ServerApp or SuperLink. This is the **trusted-server mode**.
+
+The **secure-aggregation mode** trusts no server: every node flips its own coin
+(:class:`SecAggCheckInMod`), every node's report, or zeros, enters Flower's SecAgg+ sum (Bell,
+Bonawitz, Gascón, Lepoint and Raykova, *Secure Single-Server Aggregation with (Poly)Logarithmic
+Overhead*, CCS 2020, IACR ePrint 2020/704), and :class:`SecAggCheckInFedAvg` learns only the sum
+and the number of participants; the same check-in accountant applies (population ``n − D`` with
+``D`` tolerated dropouts) under SecAgg+'s assumptions. ``docs/flower.md`` and ``docs/maths.md``
+state both modes' guarantees and assumptions.
 
 Before the first round the strategy sends every node the privacy parameters alone; a node
 whose mod is missing or disagrees (noise floor, sensitivity convention) stops the run with one
@@ -33,6 +41,9 @@ Parts:
   (:mod:`.mod`);
 * :class:`ShuffleCheckInFedAvg`: the check-in FedAvg with shuffler, accountant and budget stop
   (:mod:`.strategy`);
+* :class:`SecAggCheckInMod`, :class:`SecAggCheckInFedAvg`, :func:`secagg_parameters`: the
+  secure-aggregation mode (:mod:`.secagg_mod`, :mod:`.secagg_strategy`, :mod:`.secagg`);
+* :class:`PrivacyModeMod`: one ClientApp for both modes (:mod:`.modes`);
 * :func:`check_in`, :func:`shuffle_replies`, :func:`make_rng`: the check-in coins and the
   shuffler (:mod:`.shuffler`);
 * :class:`InProcessGrid`: a Grid that calls a ``ClientApp`` in the same process, for tests and
@@ -54,22 +65,35 @@ if importlib.util.find_spec("flwr") is None:  # pragma: no cover - exercised in 
         "pip install 'shuffle-opacus[flower]'"
     )
 
-from .config import METRIC_KEYS, ShufflePrivacyConfig  # noqa: E402
+from .config import METRIC_KEYS, MODES, SECAGG, TRUSTED_SERVER, ShufflePrivacyConfig  # noqa: E402
 from .inprocess import InProcessGrid  # noqa: E402
 from .mod import LocalShuffleDPMod  # noqa: E402
+from .modes import PrivacyModeMod  # noqa: E402
+from .secagg import SecAggParameters, secagg_parameters  # noqa: E402
+from .secagg_mod import SecAggCheckInMod  # noqa: E402
+from .secagg_strategy import SECAGG_ROUND_METRIC_KEYS, SecAggCheckInFedAvg  # noqa: E402
 from .shuffler import ShuffledReplies, check_in, make_rng, shuffle_replies  # noqa: E402
 from .strategy import ROUND_METRIC_KEYS, ProtocolViolationError, ShuffleCheckInFedAvg  # noqa: E402
 
 __all__ = [
     "METRIC_KEYS",
+    "MODES",
     "ROUND_METRIC_KEYS",
+    "SECAGG",
+    "SECAGG_ROUND_METRIC_KEYS",
+    "TRUSTED_SERVER",
     "InProcessGrid",
     "LocalShuffleDPMod",
+    "PrivacyModeMod",
     "ProtocolViolationError",
+    "SecAggCheckInFedAvg",
+    "SecAggCheckInMod",
+    "SecAggParameters",
     "ShuffleCheckInFedAvg",
     "ShufflePrivacyConfig",
     "ShuffledReplies",
     "check_in",
     "make_rng",
+    "secagg_parameters",
     "shuffle_replies",
 ]

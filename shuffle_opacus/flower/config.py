@@ -39,11 +39,21 @@ from ..analysis._validation import (
 from ..protocols import get_protocol, resolve_sensitivity
 
 __all__ = [
+    "ARRAY_NAMES_KEY",
     "CONFIG_KEYS",
+    "ECHO_RECORD_KEY",
     "HANDSHAKE_KEY",
+    "MAX_DROPOUTS_KEY",
     "METRIC_KEYS",
+    "MODES",
+    "MODE_KEY",
     "NUM_EXAMPLES_KEY",
+    "NUM_NODES_KEY",
+    "SECAGG",
+    "TRUSTED_SERVER",
     "ShufflePrivacyConfig",
+    "echo_differences",
+    "secagg_echo",
 ]
 
 #: ConfigRecord (and echo) key of each parameter.
@@ -65,6 +75,26 @@ NUM_EXAMPLES_KEY = "num-examples"
 
 #: Every key of a reply's MetricRecord, and nothing else is allowed there.
 METRIC_KEYS: tuple[str, ...] = (NUM_EXAMPLES_KEY, *CONFIG_KEYS.values())
+
+#: The two trust modes of the Flower layer. ``trusted-server``: the server draws the check-in
+#: coins and a shuffler simulated inside it strips node identities (:class:`ShuffleCheckInFedAvg`
+#: with :class:`LocalShuffleDPMod`); the guarantee holds if the server's operator is trusted.
+#: ``secagg``: every node draws its own coin and every node's report enters Flower's SecAgg+ sum
+#: (:class:`SecAggCheckInFedAvg` with :class:`SecAggCheckInMod`); nobody is trusted beyond
+#: SecAgg+'s own assumptions.
+TRUSTED_SERVER = "trusted-server"
+SECAGG = "secagg"
+MODES: tuple[str, ...] = (TRUSTED_SERVER, SECAGG)
+
+#: ConfigRecord key of the mode in the instructions of the secure-aggregation mode (and echo).
+MODE_KEY = "shuffle-dp.mode"
+#: ConfigRecord keys (and echo) of the secure-aggregation mode's population ``n`` and ``D``.
+NUM_NODES_KEY = "shuffle-dp.num-nodes"
+MAX_DROPOUTS_KEY = "shuffle-dp.max-dropouts"
+#: ConfigRecord key of the model's array names (Flower's legacy messages carry no names).
+ARRAY_NAMES_KEY = "shuffle-dp.array-names"
+#: Record key of the echo in the secure-aggregation mode's answer to the start-up check.
+ECHO_RECORD_KEY = "shuffle-dp.echo"
 
 _CHECKIN = get_protocol("checkin")
 
@@ -204,3 +234,55 @@ class ShufflePrivacyConfig:
             elif not math.isclose(float(got), float(want), rel_tol=1e-12, abs_tol=0.0):
                 problems.append(f"{key} = {got!r}, expected {want!r}")
         return problems
+
+
+def secagg_echo(
+    privacy: ShufflePrivacyConfig, *, num_nodes: int, max_dropouts: int
+) -> dict[str, float | int | str]:
+    """Return the echo of the secure-aggregation mode: what a node agreed to be accounted with.
+
+    The same for every node and every round (it does not depend on the node's check-in coin):
+    the five privacy parameters, the mode, ``n`` and ``D``.
+
+    Args:
+        privacy: The run's privacy parameters.
+        num_nodes: ``n``.
+        max_dropouts: ``D``.
+
+    Returns:
+        The echo as a mapping for a ``ConfigRecord``.
+    """
+    return {
+        **privacy.to_config(),
+        MODE_KEY: SECAGG,
+        NUM_NODES_KEY: int(num_nodes),
+        MAX_DROPOUTS_KEY: int(max_dropouts),
+    }
+
+
+def echo_differences(expected: Mapping[str, Any], got: Mapping[str, Any]) -> list[str]:
+    """Return the disagreements between an expected echo and a node's echo.
+
+    Keys must match exactly; numbers must agree to a relative 1e-12, strings exactly.
+
+    Args:
+        expected: From :func:`secagg_echo`.
+        got: The node's echo.
+
+    Returns:
+        One short description per disagreement; empty when they agree.
+    """
+    problems = []
+    extra = sorted(set(got) - set(expected))
+    if extra:
+        problems.append(f"unexpected echo keys {extra}")
+    for key, want in expected.items():
+        value = got.get(key)
+        if isinstance(want, str):
+            if value != want:
+                problems.append(f"{key} = {value!r}, expected {want!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            problems.append(f"{key} missing or not a number ({value!r})")
+        elif not math.isclose(float(value), float(want), rel_tol=1e-12, abs_tol=0.0):
+            problems.append(f"{key} = {value!r}, expected {want!r}")
+    return problems

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -87,7 +87,7 @@ class InProcessGrid(Grid):
             self.contexts[FIRST_NODE_ID + i] = Context(
                 run_id=run_id,
                 node_id=FIRST_NODE_ID + i,
-                node_config=config,
+                node_config=cast(Any, config),
                 state=RecordDict(),
                 run_config=dict(run_config or {}),
             )

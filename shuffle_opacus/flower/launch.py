@@ -459,17 +459,18 @@ class LocalFederation:
 class RoundPrinter:
     """Turn the strategies' log lines into one console line per round.
 
-    The check-in strategies log ``round N: R reports, epsilon = E (delta = D)`` after each
-    round and ``round N: server evaluation {...}`` when the app evaluates; this prints
-    ``round N: R reports, epsilon E (delta D)``, with the evaluation's accuracy appended when
-    there is one, as soon as the round's lines are complete.
+    The check-in strategies log ``round N: <counts>, epsilon = E (delta = D)`` after each round
+    (``R reports`` in the trusted-server mode; the nodes in the secure sum and the number checked
+    in under SecAgg+) and ``round N: server evaluation {...}`` when the app evaluates; this
+    prints ``round N: <counts>, epsilon E (delta D)``, with the evaluation's accuracy appended
+    when there is one, as soon as the round's lines are complete.
 
     Args:
         write: Where the lines go (``print`` by default).
         total: Rounds configured, shown as ``N/total`` when given.
     """
 
-    _ROUND = re.compile(r"round (\d+): (\d+) reports, epsilon = (\S+) \(delta = ([^)]+)\)")
+    _ROUND = re.compile(r"round (\d+): (.*?), epsilon = (\S+) \(delta = ([^)]+)\)")
     _EVAL = re.compile(r"round (\d+): server evaluation (\{.*\})")
     _ACCURACY = re.compile(r"'([\w-]*accuracy[\w-]*)': ([0-9.eE+-]+)")
 
@@ -483,9 +484,9 @@ class RoundPrinter:
         """Read one log line."""
         if found := self._ROUND.search(line):
             self.flush()
-            number, reports, epsilon, delta = found.groups()
+            number, counts, epsilon, delta = found.groups()
             where = f"{number}/{self.total}" if self.total else number
-            text = f"round {where}: {reports} reports, epsilon {epsilon} (delta {delta})"
+            text = f"round {where}: {counts}, epsilon {epsilon} (delta {delta})"
             self._pending = (int(number), text)
         elif (found := self._EVAL.search(line)) and self._pending is not None:
             if int(found.group(1)) == self._pending[0]:
@@ -505,11 +506,7 @@ class RoundPrinter:
 
 def _app_config_keys(app_dir: Path) -> dict[str, Any]:
     """Return the app's ``[tool.flwr.app.config]`` table (empty if there is none)."""
-    try:
-        import tomllib
-    except ImportError:  # pragma: no cover - Python 3.10; flwr depends on tomli
-        import tomli as tomllib  # type: ignore[no-redef]
-
+    tomllib = _tomllib()
     try:
         data = tomllib.loads((app_dir / "pyproject.toml").read_text())
     except (OSError, ValueError):
@@ -518,12 +515,17 @@ def _app_config_keys(app_dir: Path) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def _parse_overrides(text: str) -> dict[str, Any]:
-    try:
+def _tomllib() -> Any:
+    """``tomllib`` (Python 3.11+) or ``tomli`` (3.10, a dependency of flwr)."""
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ImportError:  # pragma: no cover - Python 3.10; flwr depends on tomli
-        import tomli as tomllib  # type: ignore[no-redef]
+    else:  # pragma: no cover
+        import tomli as tomllib
+    return tomllib
 
+
+def _parse_overrides(text: str) -> dict[str, Any]:
+    tomllib = _tomllib()
     values: dict[str, Any] = {}
     for item in text.split():
         key, sep, value = item.partition("=")

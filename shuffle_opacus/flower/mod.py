@@ -46,6 +46,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import (
@@ -158,7 +159,7 @@ class LocalShuffleDPMod:
         try:
             config, handshake = self._read_parameters(msg, context)
             if handshake:
-                metrics = MetricRecord(config.reply_metrics())
+                metrics = MetricRecord(cast(Any, config.reply_metrics()))
                 return Message(RecordDict({"metrics": metrics}), reply_to=msg)
             key, received = _received_arrays(msg)
         except ValueError as exc:
@@ -179,7 +180,7 @@ class LocalShuffleDPMod:
         content = RecordDict(
             {
                 key: ArrayRecord({name: Array(value) for name, value in report.items()}),
-                "metrics": MetricRecord(config.reply_metrics()),
+                "metrics": MetricRecord(cast(Any, config.reply_metrics())),
             }
         )
         return Message(content, reply_to=msg)

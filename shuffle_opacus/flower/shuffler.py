@@ -107,7 +107,8 @@ def _anonymous(reply: Message) -> Message:
         ttl=DEFAULT_TTL,
         message_type=old.message_type,
     )
-    return Message(content=reply.content, metadata=metadata)
+    # flwr 1.41's overloads omit the (content, metadata) constructor its own runtime uses.
+    return Message(content=reply.content, metadata=metadata)  # type: ignore[call-overload]
 
 
 def shuffle_replies(replies: Iterable[Message], rng: random.Random) -> ShuffledReplies:

@@ -50,6 +50,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
+from typing import cast
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -69,6 +70,7 @@ __all__ = [
     "ROUND_METRIC_KEYS",
     "ProtocolViolationError",
     "ShuffleCheckInFedAvg",
+    "wait_for_population",
 ]
 
 _CHECKIN = get_protocol("checkin")
@@ -92,6 +94,40 @@ HONEST_REPORT_TAIL = 1e-12
 
 class ProtocolViolationError(RuntimeError):
     """A reply, the population or a dropout does not fit the accounted protocol."""
+
+
+def wait_for_population(grid: Grid, num_nodes: int, timeout: float) -> list[int]:
+    """Wait until exactly ``num_nodes`` nodes are connected; return their ids, sorted.
+
+    Args:
+        grid: The Grid of the ServerApp.
+        num_nodes: The population ``n`` the accountant uses.
+        timeout: Seconds to wait.
+
+    Returns:
+        The ids of the connected nodes.
+
+    Raises:
+        ProtocolViolationError: if more than ``num_nodes`` are connected, or fewer after
+            ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        ids = sorted(int(i) for i in grid.get_node_ids())
+        if len(ids) > num_nodes:
+            raise ProtocolViolationError(
+                f"{len(ids)} nodes are connected but num_nodes = {num_nodes} is the "
+                f"population the accountant uses; start exactly num_nodes nodes."
+            )
+        if len(ids) == num_nodes:
+            return ids
+        left = deadline - time.monotonic()
+        if left < 0:
+            raise ProtocolViolationError(
+                f"only {len(ids)} of num_nodes = {num_nodes} nodes connected within {timeout:g} s."
+            )
+        log(INFO, "waiting for nodes: %d of %d connected", len(ids), num_nodes)
+        time.sleep(min(1.0, left + 1e-3))
 
 
 class ShuffleCheckInFedAvg(FedAvg):
@@ -289,24 +325,7 @@ class ShuffleCheckInFedAvg(FedAvg):
         log(INFO, "\t└──> No client-side evaluation (it would release unaccounted statistics)")
 
     def _population(self, grid: Grid) -> list[int]:
-        deadline = time.monotonic() + self.node_wait_timeout
-        while True:
-            ids = sorted(int(i) for i in grid.get_node_ids())
-            if len(ids) > self.num_nodes:
-                raise ProtocolViolationError(
-                    f"{len(ids)} nodes are connected but num_nodes = {self.num_nodes} is the "
-                    f"population the accountant uses; start exactly num_nodes nodes."
-                )
-            if len(ids) == self.num_nodes:
-                return ids
-            left = deadline - time.monotonic()
-            if left < 0:
-                raise ProtocolViolationError(
-                    f"only {len(ids)} of num_nodes = {self.num_nodes} nodes connected within "
-                    f"{self.node_wait_timeout:g} s."
-                )
-            log(INFO, "waiting for nodes: %d of %d connected", len(ids), self.num_nodes)
-            time.sleep(min(1.0, left + 1e-3))
+        return wait_for_population(grid, self.num_nodes, self.node_wait_timeout)
 
     def _instruction_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         clash = sorted(set(config) & {*CONFIG_KEYS.values(), HANDSHAKE_KEY})
@@ -622,8 +641,8 @@ class ShuffleCheckInFedAvg(FedAvg):
                     INFO,
                     "round %d: %d reports, epsilon = %.6g (delta = %g)",
                     server_round,
-                    int(metrics["num-reports"]),
-                    float(metrics["epsilon"]),
+                    int(cast(int, metrics["num-reports"])),
+                    float(cast(float, metrics["epsilon"])),
                     self.privacy.delta,
                 )
             if evaluate_fn is not None:

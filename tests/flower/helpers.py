@@ -110,3 +110,38 @@ def instruction(
     message = Message(content, node, message_type)
     message.metadata.__dict__["_message_id"] = "m-1"
     return message
+
+
+def secagg_spy(recorded: dict) -> Callable:
+    """SecAgg+'s client mod, instrumented on the node: it records the plain report (the arrays
+    the privacy step hands to SecAgg+ before quantisation and masking) by (round, node id)."""
+    from flwr.client.mod import secaggplus_mod
+    from flwr.common import parameters_to_ndarrays
+    from flwr.compat.common import recorddict_compat as compat
+
+    def mod(msg: Message, ctx: Context, call_next: Callable) -> Message:
+        def step(inner: Message, c: Context) -> Message:
+            reply = call_next(inner, c)
+            fitres = compat.recorddict_to_fitres(reply.content, keep_input=True)
+            server_round = int(inner.content.config_records["fitins.config"]["server-round"])
+            recorded[(server_round, int(c.node_id))] = parameters_to_ndarrays(fitres.parameters)
+            return reply
+
+        return secaggplus_mod(msg, ctx, step)
+
+    return mod
+
+
+def drop_at(app: Callable, drops: dict[tuple[int, str], set[int]]) -> Callable:
+    """A ClientApp stand-in: the nodes in ``drops[(round, stage)]`` fail at that SecAgg+ stage
+    (``setup``, ``share_keys``, ``collect_masked_vectors``, ``unmask``) of that round."""
+
+    def call(msg: Message, ctx: Context) -> Message:
+        configs = msg.content.config_records.get("secaggplus_configs")
+        if configs is not None:
+            key = (int(msg.metadata.group_id), str(configs.get("stage")))
+            if int(ctx.node_id) in drops.get(key, set()):
+                raise ConnectionError("node lost")
+        return app(msg, ctx)
+
+    return call

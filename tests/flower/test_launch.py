@@ -1,11 +1,13 @@
-"""A real ``flwr run`` (simulation engine, 20 nodes, 3 rounds, loopback) and the MNIST app.
+"""Real ``flwr run``s (simulation engine, loopback) of both trust modes, and the MNIST app.
 
-The ``flwr run`` uses ``tests/flower/tiny_app`` (a numpy model, the mod and the strategy of
+The ``flwr run``s use ``tests/flower/tiny_app`` (a numpy model, the mods and the strategies of
 this package): Flower's runtime, Ray and the app bundle are all real, but no torch or data
-is loaded in the Ray workers, which keeps the run near 20 s on one core. It is bounded in time
-(60 s for the SuperLink to come up, 120 s for the run, 30 s for the processes to exit) and
-every process started for it (SuperLink, SuperExec, the simulation, Ray) is stopped by its
-process id afterwards; the test fails if one is left. The MNIST app of
+is loaded in the Ray workers, which keeps the run near 20 s on one core. One run covers both
+trust modes on 8 nodes: 3 rounds of the trusted-server mode, then 3 rounds of the
+secure-aggregation mode (Flower's SecAgg+), so that the suite starts Flower's runtime and Ray
+once. It is bounded in time (60 s for the SuperLink to come up, 120 s for the run, 30 s for the
+processes to exit) and every process started for it (SuperLink, SuperExec, the simulation,
+Ray) is stopped by its process id afterwards; the test fails if one is left. The MNIST app of
 ``experiments/flower_mnist`` runs here in-process (its ServerApp and ClientApp objects on an
 :class:`~shuffle_opacus.flower.InProcessGrid`); ``docs/flower.md`` records its ``flwr run``.
 """
@@ -23,9 +25,10 @@ import pytest
 pytest.importorskip("flwr")
 
 from shuffle_opacus import history_epsilon  # noqa: E402
-from shuffle_opacus.flower import ROUND_METRIC_KEYS  # noqa: E402
+from shuffle_opacus.flower import ROUND_METRIC_KEYS, SECAGG_ROUND_METRIC_KEYS  # noqa: E402
 from shuffle_opacus.flower.launch import (  # noqa: E402
     LocalFederation,
+    RoundPrinter,
     _alive,
     _marked,
     toml_overrides,
@@ -60,22 +63,34 @@ def test_bad_arguments(tmp_path, kwargs, text):
         LocalFederation(work_dir=tmp_path, **kwargs)
 
 
-def test_flwr_run_simulation_20_nodes_3_rounds(tmp_path):
-    nodes, rate, sigma = 20, 0.5, 1.0
+def test_flwr_run_simulation_both_modes(tmp_path):
+    """8 nodes: 3 trusted-server rounds, then 3 secure-aggregation rounds, one ``flwr run``.
+
+    In the second part every round is one SecAgg+ run (set-up, key sharing, masked vectors,
+    unmasking) over all 8 nodes; each node draws its own coin, so the secure count is any
+    whole number of nodes and the model moved exactly when some node checked in. ε of every
+    round is the check-in accountant's with population 8.
+    """
+    nodes, rate, sigma = 8, 0.5, 1.0
     out = tmp_path / "out"
     out.mkdir()
     config = {
+        "mode": "both",
         "num-nodes": nodes,
         "rate": rate,
         "noise-multiplier": sigma,
         "num-server-rounds": 3,
         "checkin-seed": 0,
+        "round-timeout": 60.0,
         "out-dir": str(out),
     }
     started = time.monotonic()
     federation = LocalFederation("simulation", num_nodes=nodes, work_dir=tmp_path / "flower")
     with federation:
-        outcome = federation.run(TINY_APP, config, timeout=120)
+        console: list[str] = []
+        outcome = federation.run(
+            TINY_APP, config, timeout=120, on_line=RoundPrinter(console.append, total=3)
+        )
         marker_pids = _marked(federation._token)
     log = outcome.log_path.read_text(errors="replace")
     assert outcome.completed, f"{outcome.status}\n{log[-3000:]}"
@@ -83,31 +98,46 @@ def test_flwr_run_simulation_20_nodes_3_rounds(tmp_path):
     # Every process is gone (stop() raises otherwise); check once more from here.
     assert not [pid for pid in marker_pids if _alive(pid)]
     assert not [pid for pid in _marked(federation._token) if _alive(pid)]
-    assert f"start-up check: all {nodes} nodes accept the privacy parameters" in log
+    assert log.count(f"start-up check: all {nodes} nodes accept the privacy parameters") == 2
+    assert log.count("Secure aggregation completed.") == 3
+    # The log is named by the run id, and the console got a line per round while it ran (the
+    # trusted-server part's rounds; the last round's line waits for the stream's end).
+    assert outcome.log_path.name == f"run-{outcome.run_id}.log"
+    assert [line.split(":")[0] for line in console[:3]] == ["round 1/3", "round 2/3", "round 3/3"]
     (result_file,) = out.iterdir()
     record = json.loads(result_file.read_text())
-    rounds = record["rounds"]
-    assert sorted(rounds) == ["1", "2", "3"]
-    for r, metrics in rounds.items():
-        expected = history_epsilon(
-            [(sigma, rate, int(r))], protocol="checkin", delta=1e-5, population=nodes
+    trusted, secagg = record["trusted-server"], record["secagg"]
+
+    def epsilon(rounds):
+        return history_epsilon(
+            [(sigma, rate, rounds)], protocol="checkin", delta=1e-5, population=nodes
         ).epsilon
-        assert metrics["epsilon"] == pytest.approx(expected, rel=1e-12)
+
+    assert sorted(trusted["rounds"]) == ["1", "2", "3"]
+    for r, metrics in trusted["rounds"].items():
+        assert metrics["epsilon"] == pytest.approx(epsilon(int(r)), rel=1e-12)
         assert set(metrics) == set(ROUND_METRIC_KEYS)  # the node's own metric never arrives
         assert 0 <= metrics["num-reports"] == metrics["num-checked-in"] <= nodes
-    assert sum(m["num-reports"] for m in rounds.values()) > 0
-    assert any(w != 0.0 for w in record["weights"])  # the model moved
-    print(
-        f"flwr run: {outcome.seconds:.1f} s, with start and stop {time.monotonic() - started:.1f} s"
-    )
+    assert sum(m["num-reports"] for m in trusted["rounds"].values()) > 0
+    assert any(w != 0.0 for w in trusted["weights"])  # the model moved
+    assert sorted(secagg["rounds"]) == ["1", "2", "3"]
+    for r, metrics in secagg["rounds"].items():
+        assert metrics["epsilon"] == pytest.approx(epsilon(int(r)), rel=1e-12)
+        assert set(metrics) == set(SECAGG_ROUND_METRIC_KEYS)
+        assert metrics["num-in-sum"] == nodes and metrics["num-dropped"] == 0
+        assert metrics["num-checked-in"] in range(nodes + 1)
+    moved = secagg["weights"] != trusted["weights"]
+    assert moved == any(m["num-checked-in"] > 0 for m in secagg["rounds"].values())
+    print(f"flwr run: {time.monotonic() - started:.1f} s with start and stop")
 
 
-def test_mnist_app_in_process(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["trusted-server", "secagg"])
+def test_mnist_app_in_process(tmp_path, monkeypatch, mode):
     """The MNIST app's ServerApp and ClientApp, 20 nodes × 4 images, 2 rounds, in-process.
 
     Checks the run directory the ServerApp writes (``rounds.csv`` with ε equal to
     ``history_epsilon`` after every round, ``summary.json``) and that the training loss the
-    ClientApp computes never reaches the server.
+    ClientApp computes never reaches the server, in both trust modes.
     """
     monkeypatch.syspath_prepend(str(MNIST_APP))
     for name in [m for m in sys.modules if m.startswith("flower_mnist")]:
@@ -123,6 +153,7 @@ def test_mnist_app_in_process(tmp_path, monkeypatch):
     nodes, rate, sigma = 20, 0.5, 1.0
     config = {
         **defaults["tool"]["flwr"]["app"]["config"],
+        "mode": mode,
         "num-nodes": nodes,
         "examples-per-node": 4,
         "rate": rate,
@@ -153,10 +184,14 @@ def test_mnist_app_in_process(tmp_path, monkeypatch):
         ).epsilon
         assert float(row["epsilon"]) == pytest.approx(expected, rel=1e-12)
         assert 0.0 <= float(row["test-accuracy"]) <= 1.0
+        if mode == "secagg":
+            assert int(row["num-reports"]) == nodes  # every node is in every secure sum
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["stop_reason"] is None
-    replies = [r for r in seen if "arrays" in r.content.keys()]
-    assert replies and all("train-loss" not in repr(r.content) for r in replies)
+    assert summary["mode"] == mode
+    replies = [r for r in seen if r.has_content()]
+    assert len(replies) >= (nodes if mode == "trusted-server" else 4 * 2 * nodes)
+    assert all("train-loss" not in repr(r.content) for r in replies)
 
 
 def _wrap(app, outer):
@@ -189,3 +224,22 @@ def test_documented_run_matches_the_accountant():
             sensitivity=config["sensitivity"],
         ).epsilon
         assert float(rows[r]["epsilon"]) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["trusted-server-0", "trusted-server-1", "secagg"])
+def test_documented_runs_of_both_modes_match_the_accountant(name):
+    """The 30-round runs of both modes in docs/flower.md: ε after rounds 1, 15 and 30 is the
+    check-in accountant's for the app's defaults (n = 100, γ = 0.5, σ = 1.5), the same in
+    both modes, and each summary is its last row."""
+    folder = Path(__file__).resolve().parents[2] / "docs" / "figures" / "flower" / "modes"
+    with (folder / f"{name}.rounds.csv").open() as fh:
+        rows = {int(r["round"]): r for r in csv.DictReader(fh)}
+    summary = json.loads((folder / f"{name}.summary.json").read_text())
+    assert summary["mode"] == ("secagg" if name == "secagg" else "trusted-server")
+    assert summary["rounds"] == max(rows) == 30
+    assert summary["final_test_accuracy"] == float(rows[30]["test-accuracy"])
+    for r in (1, 15, 30):
+        expected = history_epsilon(
+            [(1.5, 0.5, r)], protocol="checkin", delta=1e-5, population=100
+        ).epsilon
+        assert float(rows[r]["epsilon"]) == pytest.approx(expected, rel=1e-9)

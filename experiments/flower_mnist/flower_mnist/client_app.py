@@ -1,10 +1,14 @@
-"""The ClientApp: local SGD on the node's images, privatised by the shuffle-model mod.
+"""The ClientApp: local SGD on the node's images, privatised by the mod of the run's trust mode.
 
-``LocalShuffleDPMod`` is the first (outermost) mod, so the reply that leaves the node is the
-clipped and noised update with nothing but the protocol's metrics: the training loss and the
-number of examples computed below never leave the node. Its noise floor is
-``MIN_NOISE_MULTIPLIER``; a SuperNode's operator can raise it with
-``--node-config "min-noise-multiplier=..."``.
+``PrivacyModeMod`` is the first (outermost) mod. It hands each instruction to the privacy mod
+of its mode: ``LocalShuffleDPMod`` in the trusted-server mode (the reply is the clipped and
+noised update), ``SecAggCheckInMod`` in the secure-aggregation mode (the node flips its own
+check-in coin, and its clipped and noised update, or zeros, goes into Flower's SecAgg+ sum).
+Either way the training loss and the number of examples computed below never leave the node.
+The noise floor is ``MIN_NOISE_MULTIPLIER``; a SuperNode's operator can raise it with
+``--node-config "min-noise-multiplier=..."``, lower the check-in ceiling of the
+secure-aggregation mode with ``max-checkin-rate=...``, and refuse the trusted-server mode with
+``privacy-mode=secagg``.
 """
 
 from __future__ import annotations
@@ -14,14 +18,21 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from shuffle_opacus.flower import LocalShuffleDPMod
+from shuffle_opacus.flower import LocalShuffleDPMod, PrivacyModeMod, SecAggCheckInMod
 
 from .task import initial_model, load_weights, local_train, node_data, setting
 
 #: The smallest noise multiplier this ClientApp accepts from a server.
 MIN_NOISE_MULTIPLIER = 0.5
 
-app = ClientApp(mods=[LocalShuffleDPMod(min_noise_multiplier=MIN_NOISE_MULTIPLIER)])
+app = ClientApp(
+    mods=[
+        PrivacyModeMod(
+            trusted_server=LocalShuffleDPMod(min_noise_multiplier=MIN_NOISE_MULTIPLIER),
+            secagg=SecAggCheckInMod(min_noise_multiplier=MIN_NOISE_MULTIPLIER),
+        )
+    ]
+)
 
 
 def _data(context: Context) -> tuple[np.ndarray, np.ndarray]:

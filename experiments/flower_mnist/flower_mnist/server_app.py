@@ -1,7 +1,9 @@
 """The ServerApp: shuffled check-in FedAvg with ε after every round and server-side evaluation.
 
 The run config (``[tool.flwr.app.config]`` of ``pyproject.toml``, overridable with ``flwr run
--c``) sets the population, the privacy parameters and the budget. After every round the
+-c``) sets the trust mode (``mode``: ``trusted-server``, the server draws the check-in coins and
+shuffles, or ``secagg``, every node draws its own coin and the reports are summed with Flower's
+SecAgg+), the population, the privacy parameters and the budget. After every round the
 ServerApp appends a row to ``OUT-DIR/run-<run id>/rounds.csv`` (when ``out-dir`` is set; it must
 be absolute, since a ServerApp runs in the SuperLink's working directory): the round, ε, the
 number of check-ins, the elapsed time and, every ``evaluate-every`` rounds, the accuracy on the
@@ -22,7 +24,13 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from shuffle_opacus.flower import ShuffleCheckInFedAvg, ShufflePrivacyConfig
+from shuffle_opacus.flower import (
+    MODES,
+    SECAGG,
+    SecAggCheckInFedAvg,
+    ShuffleCheckInFedAvg,
+    ShufflePrivacyConfig,
+)
 
 from .task import evaluate, initial_model, load_weights, setting, test_data
 
@@ -39,7 +47,10 @@ COLUMNS = (
 app = ServerApp()
 
 
-def _strategy(rc: dict) -> ShuffleCheckInFedAvg:
+def _strategy(rc: dict) -> ShuffleCheckInFedAvg | SecAggCheckInFedAvg:
+    mode = setting(rc, "mode", str)
+    if mode not in MODES:
+        raise ValueError(f"run config 'mode' must be one of {', '.join(MODES)}. Found {mode!r}.")
     privacy = ShufflePrivacyConfig(
         noise_multiplier=setting(rc, "noise-multiplier", float),
         clip_norm=setting(rc, "clip-norm", float),
@@ -48,6 +59,14 @@ def _strategy(rc: dict) -> ShuffleCheckInFedAvg:
         sensitivity=setting(rc, "sensitivity", str),
     )
     budget = setting(rc, "max-epsilon", float)
+    if mode == SECAGG:
+        return SecAggCheckInFedAvg(
+            privacy=privacy,
+            num_nodes=setting(rc, "num-nodes", int),
+            max_dropouts=setting(rc, "max-dropouts", int),
+            max_epsilon=None if math.isinf(budget) else budget,
+            node_wait_timeout=setting(rc, "node-wait-timeout", float),
+        )
     seed = setting(rc, "checkin-seed", int)
     return ShuffleCheckInFedAvg(
         privacy=privacy,
@@ -85,11 +104,13 @@ def main(grid: Grid, context: Context) -> None:
             result = evaluate(load_weights(initial_model(name, 0), arrays), *test)
         if run_dir is not None:
             metrics = strategy.round_metrics.get(server_round, {})
+            # secagg: every node in the sum reports (zeros if it did not check in).
+            reports = metrics.get("num-reports", metrics.get("num-in-sum", ""))
             row = {
                 "round": server_round,
                 "epsilon": strategy.epsilons.get(server_round, 0.0),
                 "num-checked-in": metrics.get("num-checked-in", ""),
-                "num-reports": metrics.get("num-reports", ""),
+                "num-reports": reports,
                 "test-accuracy": result.get("test-accuracy", ""),
                 "test-loss": result.get("test-loss", ""),
                 "seconds": round(time.monotonic() - started, 3),
@@ -109,6 +130,7 @@ def main(grid: Grid, context: Context) -> None:
     final = result.evaluate_metrics_serverapp.get(rounds)
     summary = {
         "run_id": context.run_id,
+        "mode": setting(rc, "mode", str),
         "rounds": rounds,
         "epsilon": strategy.epsilon(),
         "delta": strategy.privacy.delta,

@@ -1,13 +1,22 @@
-"""ClientApp: node i moves every weight by (i + 1) / 10; the mod clips and noises the update."""
+"""ClientApp: node i moves every weight by (i + 1) / 10; the privacy mod of the run's mode
+clips and noises the update (trusted-server mode) or checks in, clips, noises and hands it to
+SecAgg+ (secure-aggregation mode)."""
 
 from __future__ import annotations
 
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from shuffle_opacus.flower import LocalShuffleDPMod
+from shuffle_opacus.flower import LocalShuffleDPMod, PrivacyModeMod, SecAggCheckInMod
 
-app = ClientApp(mods=[LocalShuffleDPMod(min_noise_multiplier=0.5)])
+app = ClientApp(
+    mods=[
+        PrivacyModeMod(
+            trusted_server=LocalShuffleDPMod(min_noise_multiplier=0.5),
+            secagg=SecAggCheckInMod(min_noise_multiplier=0.5),
+        )
+    ]
+)
 
 
 @app.train()

@@ -1,7 +1,11 @@
-"""ServerApp: ShuffleCheckInFedAvg on a 10-weight numpy model; writes every round's ε.
+"""ServerApp: the check-in protocol on a 10-weight numpy model; writes every round's ε.
 
-With ``out-dir`` set (absolute), ``OUT-DIR/run-<run id>.json`` holds the round metrics the
-strategy recorded and the final weights.
+``mode = "trusted-server"`` runs ShuffleCheckInFedAvg, ``mode = "secagg"`` runs
+SecAggCheckInFedAvg (node-side check-in under SecAgg+), and ``mode = "both"`` runs the first
+and then the second from where it ended, ``num-server-rounds`` each, in one run (one start of
+Flower's runtime for the test suite). With ``out-dir`` set (absolute),
+``OUT-DIR/run-<run id>.json`` holds, for each mode run, the round metrics the strategy recorded
+and the final weights.
 """
 
 from __future__ import annotations
@@ -13,7 +17,11 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
-from shuffle_opacus.flower import ShuffleCheckInFedAvg, ShufflePrivacyConfig
+from shuffle_opacus.flower import (
+    SecAggCheckInFedAvg,
+    ShuffleCheckInFedAvg,
+    ShufflePrivacyConfig,
+)
 
 app = ServerApp()
 
@@ -28,20 +36,31 @@ def main(grid: Grid, context: Context) -> None:
         rate=float(rc["rate"]),
         delta=float(rc["delta"]),
     )
-    seed = int(rc["checkin-seed"])
-    strategy = ShuffleCheckInFedAvg(
-        privacy=privacy, num_nodes=int(rc["num-nodes"]), seed=None if seed < 0 else seed
-    )
-    result = strategy.start(
-        grid,
-        ArrayRecord({"w": Array(np.zeros(10, dtype=np.float32))}),
-        num_rounds=int(rc["num-server-rounds"]),
-        timeout=float(rc["round-timeout"]),
-    )
-    if rc["out-dir"]:
-        record = {
+    nodes = int(rc["num-nodes"])
+    modes = ["trusted-server", "secagg"] if rc["mode"] == "both" else [str(rc["mode"])]
+    arrays = ArrayRecord({"w": Array(np.zeros(10, dtype=np.float32))})
+    record = {}
+    for mode in modes:
+        if mode == "secagg":
+            strategy = SecAggCheckInFedAvg(
+                privacy=privacy, num_nodes=nodes, max_dropouts=int(rc["max-dropouts"])
+            )
+        else:
+            seed = int(rc["checkin-seed"])
+            strategy = ShuffleCheckInFedAvg(
+                privacy=privacy, num_nodes=nodes, seed=None if seed < 0 else seed
+            )
+        result = strategy.start(
+            grid,
+            arrays,
+            num_rounds=int(rc["num-server-rounds"]),
+            timeout=float(rc["round-timeout"]),
+        )
+        arrays = result.arrays
+        record[mode] = {
             "rounds": {str(r): dict(m) for r, m in strategy.round_metrics.items()},
-            "weights": result.arrays["w"].numpy().tolist(),
+            "weights": arrays["w"].numpy().tolist(),
         }
+    if rc["out-dir"]:
         path = Path(str(rc["out-dir"])) / f"run-{context.run_id}.json"
         path.write_text(json.dumps(record, indent=1))
