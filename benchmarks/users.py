@@ -3,7 +3,7 @@
 Run: ``python benchmarks/users.py [--threads 1 2] [--clients 1000] [--rounds 6]`` (on an idle
 machine; every path runs in this process except pfl and the memory run, which get their own).
 
-Setting (issue 23): N = 1,000 clients, each holding 60 MNIST training images (IID), check-in
+Setting: N = 1,000 clients, each holding 60 MNIST training images (IID), check-in
 rate 0.1 (about 100 reports per round), every participant taking 5 local SGD steps of batch 10
 (learning rate 0.1) from the global model; the model is the experiment's ``cnn_small`` (5,154
 weights, as in the Flower app); C = 1, noise multiplier 1. Paths:
