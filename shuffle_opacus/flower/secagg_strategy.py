@@ -83,7 +83,6 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from ..accounting import history_epsilon
 from ..analysis._validation import check_int, check_positive
 from ..protocols import HistoryEntry, get_protocol
 from .config import (
@@ -100,7 +99,7 @@ from .config import (
 )
 from .mod import REFUSED
 from .secagg import SecAggParameters, secagg_parameters
-from .strategy import ProtocolViolationError, wait_for_population
+from .strategy import CheckInAccounting, ProtocolViolationError, wait_for_population
 
 __all__ = ["SECAGG_ROUND_METRIC_KEYS", "SecAggCheckInFedAvg"]
 
@@ -169,7 +168,7 @@ class _Workflow(SecAggPlusWorkflow):
         return self._watch(_STAGES[3], super().unmask_stage(grid, context, state), state)
 
 
-class SecAggCheckInFedAvg(Strategy):
+class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
     """Node-side check-in under SecAgg+, the check-in accountant and an ε budget.
 
     Attributes:
@@ -253,53 +252,9 @@ class SecAggCheckInFedAvg(Strategy):
         return self.num_nodes - self.max_dropouts
 
     @property
-    def rounds_accounted(self) -> int:
-        """Number of rounds accounted so far (every round whose instructions went out)."""
-        return int(sum(steps for _, _, steps in self.history)) + self._unprotected_rounds
-
-    def epsilon(self, rounds: int | None = None) -> float:
-        """ε at ``privacy.delta`` after ``rounds`` rounds (default: those accounted so far).
-
-        :func:`shuffle_opacus.history_epsilon` with protocol ``checkin``, population ``n − D``
-        and the configuration's sensitivity and method; 0 for no round, ``inf`` if a round is
-        noiseless.
-
-        Raises:
-            ValueError: for ``rounds`` smaller than the rounds already accounted.
-        """
-        done = self.rounds_accounted
-        rounds = done if rounds is None else check_int("rounds", rounds, minimum=done)
-        if rounds == 0:
-            return 0.0
-        if self._unprotected_rounds or self.privacy.noise_multiplier == 0.0:
-            return math.inf
-        history = list(self.history)
-        if rounds > done:
-            history.append((self.privacy.noise_multiplier, self.privacy.rate, rounds - done))
-        result = history_epsilon(
-            history,
-            protocol=_CHECKIN,
-            delta=self.privacy.delta,
-            population=self.population,
-            sensitivity=self.privacy.sensitivity,
-            method=self.privacy.method,
-        )
-        return float(result.epsilon)
-
-    def budget_allows_another_round(self) -> bool:
-        """Return whether one more round keeps ε within ``max_epsilon`` (True without budget)."""
-        if self.max_epsilon is None:
-            return True
-        return self.epsilon(self.rounds_accounted + 1) <= self.max_epsilon
-
-    def _account_round(self) -> None:
-        sigma, rate = self.privacy.noise_multiplier, self.privacy.rate
-        if sigma == 0.0:
-            self._unprotected_rounds += 1
-        elif self.history and self.history[-1][:2] == (sigma, rate):
-            self.history[-1] = (sigma, rate, self.history[-1][2] + 1)
-        else:
-            self.history.append((sigma, rate, 1))
+    def accounting_population(self) -> int:
+        """``n − D`` (:attr:`population`)."""
+        return self.population
 
     def _echo(self) -> dict[str, float | int | str]:
         return secagg_echo(self.privacy, num_nodes=self.num_nodes, max_dropouts=self.max_dropouts)

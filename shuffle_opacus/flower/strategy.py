@@ -66,6 +66,7 @@ from .mod import REFUSED
 from .shuffler import ShuffledReplies, check_in, make_rng, shuffle_replies
 
 __all__ = [
+    "CheckInAccounting",
     "HONEST_REPORT_TAIL",
     "ROUND_METRIC_KEYS",
     "ProtocolViolationError",
@@ -130,7 +131,78 @@ def wait_for_population(grid: Grid, num_nodes: int, timeout: float) -> list[int]
         time.sleep(min(1.0, left + 1e-3))
 
 
-class ShuffleCheckInFedAvg(FedAvg):
+class CheckInAccounting:
+    """The accountant's side of both check-in strategies (trusted-server and SecAgg+).
+
+    A subclass sets ``privacy`` (the :class:`ShufflePrivacyConfig`), ``history`` (the list of
+    ``(noise_multiplier, rate, rounds)`` entries accounted), ``max_epsilon`` and
+    ``_unprotected_rounds`` (rounds run with sigma = 0), and says which population the
+    accountant uses (:attr:`accounting_population`: ``n`` nodes, or ``n - D`` under SecAgg+).
+    ε is :func:`shuffle_opacus.history_epsilon` with protocol ``checkin``, that population and
+    the configuration's sensitivity and method: replace-one adjacency of one node, adaptive
+    rounds.
+    """
+
+    privacy: ShufflePrivacyConfig
+    history: list[HistoryEntry]
+    max_epsilon: float | None
+    _unprotected_rounds: int
+
+    @property
+    def accounting_population(self) -> int:
+        """The population ``n`` the accountant uses."""
+        raise NotImplementedError
+
+    @property
+    def rounds_accounted(self) -> int:
+        """Number of rounds accounted so far (every round whose instructions went out)."""
+        return int(sum(steps for _, _, steps in self.history)) + self._unprotected_rounds
+
+    def epsilon(self, rounds: int | None = None) -> float:
+        """ε at ``privacy.delta`` after ``rounds`` rounds (default: the rounds accounted so far).
+
+        The history of this run, extended with identical rounds when ``rounds`` exceeds it. 0 for
+        no round; ``inf`` when any round is (or would be) noiseless.
+
+        Raises:
+            ValueError: for ``rounds`` smaller than the rounds already accounted.
+        """
+        done = self.rounds_accounted
+        rounds = done if rounds is None else check_int("rounds", rounds, minimum=done)
+        if rounds == 0:
+            return 0.0
+        if self._unprotected_rounds or self.privacy.noise_multiplier == 0.0:
+            return math.inf
+        history = list(self.history)
+        if rounds > done:
+            history.append((self.privacy.noise_multiplier, self.privacy.rate, rounds - done))
+        result = history_epsilon(
+            history,
+            protocol=_CHECKIN,
+            delta=self.privacy.delta,
+            population=self.accounting_population,
+            sensitivity=self.privacy.sensitivity,
+            method=self.privacy.method,
+        )
+        return float(result.epsilon)
+
+    def budget_allows_another_round(self) -> bool:
+        """Return whether one more round keeps ε within ``max_epsilon`` (True without budget)."""
+        if self.max_epsilon is None:
+            return True
+        return self.epsilon(self.rounds_accounted + 1) <= self.max_epsilon
+
+    def _account_round(self) -> None:
+        sigma, rate = self.privacy.noise_multiplier, self.privacy.rate
+        if sigma == 0.0:
+            self._unprotected_rounds += 1
+        elif self.history and self.history[-1][:2] == (sigma, rate):
+            self.history[-1] = (sigma, rate, self.history[-1][2] + 1)
+        else:
+            self.history.append((sigma, rate, 1))
+
+
+class ShuffleCheckInFedAvg(CheckInAccounting, FedAvg):
     """FedAvg with check-in, a shuffler, the check-in accountant and an ε budget.
 
     Attributes:
@@ -231,54 +303,9 @@ class ShuffleCheckInFedAvg(FedAvg):
     # --- accounting ---------------------------------------------------------------------
 
     @property
-    def rounds_accounted(self) -> int:
-        """Number of rounds accounted so far (every round that was configured)."""
-        return int(sum(steps for _, _, steps in self.history)) + self._unprotected_rounds
-
-    def epsilon(self, rounds: int | None = None) -> float:
-        """ε at ``privacy.delta`` after ``rounds`` rounds (default: the rounds accounted so far).
-
-        Computed by :func:`shuffle_opacus.history_epsilon` (protocol ``checkin``, population
-        ``num_nodes``, the configuration's sensitivity and method) on the history of this run,
-        extended with identical rounds when ``rounds`` exceeds it. 0 for no round; ``inf``
-        when any round is (or would be) noiseless.
-
-        Raises:
-            ValueError: for ``rounds`` smaller than the rounds already accounted.
-        """
-        done = self.rounds_accounted
-        rounds = done if rounds is None else check_int("rounds", rounds, minimum=done)
-        if rounds == 0:
-            return 0.0
-        if self._unprotected_rounds or self.privacy.noise_multiplier == 0.0:
-            return math.inf
-        history = list(self.history)
-        if rounds > done:
-            history.append((self.privacy.noise_multiplier, self.privacy.rate, rounds - done))
-        result = history_epsilon(
-            history,
-            protocol=_CHECKIN,
-            delta=self.privacy.delta,
-            population=self.num_nodes,
-            sensitivity=self.privacy.sensitivity,
-            method=self.privacy.method,
-        )
-        return float(result.epsilon)
-
-    def budget_allows_another_round(self) -> bool:
-        """Return whether one more round keeps ε within ``max_epsilon`` (True without budget)."""
-        if self.max_epsilon is None:
-            return True
-        return self.epsilon(self.rounds_accounted + 1) <= self.max_epsilon
-
-    def _account_round(self) -> None:
-        sigma, rate = self.privacy.noise_multiplier, self.privacy.rate
-        if sigma == 0.0:
-            self._unprotected_rounds += 1
-        elif self.history and self.history[-1][:2] == (sigma, rate):
-            self.history[-1] = (sigma, rate, self.history[-1][2] + 1)
-        else:
-            self.history.append((sigma, rate, 1))
+    def accounting_population(self) -> int:
+        """``num_nodes``: every node may check in."""
+        return self.num_nodes
 
     def report_bound(self, dimension: int) -> float:
         """Return the L2 distance from the model sent beyond which a report is dropped.
