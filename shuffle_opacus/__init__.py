@@ -21,10 +21,10 @@ stay light. The torch-side helpers below are imported on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import _registration
+from .analysis._lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers; at run time they load on first use
     from .accountants import (
@@ -48,26 +48,26 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time they load o
 __version__ = "0.1.0"
 
 _LAZY: dict[str, str] = {
-    "calibrate_noise_multiplier": "accounting",
-    "history_epsilon": "accounting",
-    "PROTOCOLS": "protocols",
-    "Protocol": "protocols",
-    "analysis_sigma": "protocols",
-    "get_protocol": "protocols",
-    "make_private": "privacy",
-    "make_private_with_epsilon": "privacy",
-    "PrivacyOptions": "privacy",
-    "ShuffledCheckInSampler": "sampling",
-    "FixedSizeShuffledSampler": "sampling",
-    "LocalNoiseDPOptimizer": "noise",
-    "make_private_clients": "clients",
-    "ClientPartition": "clients",
-    "iid_partition": "clients",
-    "dirichlet_partition": "clients",
-    "shard_partition": "clients",
-    "ShuffleAccountant": "accountants",
-    "SubsampledShuffleAccountant": "accountants",
-    "ShuffledCheckInAccountant": "accountants",
+    "calibrate_noise_multiplier": ".accounting",
+    "history_epsilon": ".accounting",
+    "PROTOCOLS": ".protocols",
+    "Protocol": ".protocols",
+    "analysis_sigma": ".protocols",
+    "get_protocol": ".protocols",
+    "make_private": ".privacy",
+    "make_private_with_epsilon": ".privacy",
+    "PrivacyOptions": ".privacy",
+    "ShuffledCheckInSampler": ".sampling",
+    "FixedSizeShuffledSampler": ".sampling",
+    "LocalNoiseDPOptimizer": ".noise",
+    "make_private_clients": ".clients",
+    "ClientPartition": ".clients",
+    "iid_partition": ".clients",
+    "dirichlet_partition": ".clients",
+    "shard_partition": ".clients",
+    "ShuffleAccountant": ".accountants",
+    "SubsampledShuffleAccountant": ".accountants",
+    "ShuffledCheckInAccountant": ".accountants",
 }
 
 __all__ = [
@@ -95,19 +95,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first access (PEP 562): importing stays light."""
-    if name in _LAZY:
-        module = importlib.import_module(f".{_LAZY[name]}", __name__)
-        value = getattr(module, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    """List the public names, lazy ones included."""
-    return sorted(set(globals()) | set(_LAZY))
+# PEP 562: each public name is imported from its module on first use.
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
 _registration.install()

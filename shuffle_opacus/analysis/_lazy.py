@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["lazy_function"]
+__all__ = ["lazy_exports", "lazy_function"]
 
 
 def lazy_function(module: str, name: str) -> Callable[..., Any]:
@@ -37,3 +37,33 @@ def lazy_function(module: str, name: str) -> Callable[..., Any]:
     call.__qualname__ = name
     call.__doc__ = f"Call :func:`{module}.{name}` (imported on first use)."
     return call
+
+
+def lazy_exports(
+    package: str, names: Mapping[str, str], namespace: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """Return a package's ``__getattr__`` and ``__dir__`` that load its public names on use.
+
+    PEP 562: a name of ``names`` is imported from its module (relative to ``package``) on first
+    access and kept in ``namespace``, so importing the package itself stays light.
+
+    Args:
+        package: The package's ``__name__``.
+        names: Public name -> the module that defines it (``".accounting"``).
+        namespace: The package's ``globals()``.
+
+    Returns:
+        ``(__getattr__, __dir__)`` for the package's namespace.
+    """
+
+    def getattr_(name: str) -> Any:
+        if name in names:
+            value = getattr(importlib.import_module(names[name], package), name)
+            namespace[name] = value
+            return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def dir_() -> list[str]:
+        return sorted(set(namespace) | set(names))
+
+    return getattr_, dir_

@@ -8,8 +8,9 @@
 * :mod:`.common`: defaults, checks, pessimistic binning and heterogeneous composition.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers; at run time they load on first use
     from .common import (
@@ -93,15 +94,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first access (PEP 562), so importing stays light."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    """List the public names, those not loaded yet included."""
-    return sorted(set(globals()) | set(_LAZY))
+# PEP 562: each public name is imported from its module on first use.
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
