@@ -139,11 +139,7 @@ class LocalShuffleDPMod:
         Raises:
             ValueError: if the node config holds an invalid ``min-noise-multiplier``.
         """
-        configured = context.node_config.get(FLOOR_NODE_CONFIG_KEY)
-        if configured is None:
-            return self.min_noise_multiplier
-        node_floor = check_nonnegative(f"node config {FLOOR_NODE_CONFIG_KEY}", configured)
-        return max(self.min_noise_multiplier, node_floor)
+        return node_noise_floor(context, self.min_noise_multiplier)
 
     def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         """Handle one instruction (see the module docstring)."""
@@ -249,6 +245,20 @@ class LocalShuffleDPMod:
             value = base.astype(np.float64) + scale * update[name] + noise
             report[name] = np.asarray(value, dtype=base.dtype)
         return report
+
+
+def node_noise_floor(context: Context, minimum: float) -> float:
+    """Return a node's noise floor: the larger of the code's ``minimum`` and the node config's.
+
+    Both trust modes' mods refuse a server that asks for less noise than this.
+
+    Raises:
+        ValueError: if the node config holds an invalid ``min-noise-multiplier``.
+    """
+    configured = context.node_config.get(FLOOR_NODE_CONFIG_KEY)
+    if configured is None:
+        return minimum
+    return max(minimum, check_nonnegative(f"node config {FLOOR_NODE_CONFIG_KEY}", configured))
 
 
 def clip_factor(norm: float, clip_norm: float) -> float:

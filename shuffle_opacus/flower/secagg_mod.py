@@ -93,7 +93,7 @@ from .config import (
     ShufflePrivacyConfig,
     secagg_echo,
 )
-from .mod import FLOOR_NODE_CONFIG_KEY, REFUSED, clip_factor
+from .mod import REFUSED, clip_factor, node_noise_floor
 from .secagg import SecAggParameters, secagg_parameters
 
 __all__ = [
@@ -200,11 +200,7 @@ class SecAggCheckInMod:
         Raises:
             ValueError: if the node config holds an invalid ``min-noise-multiplier``.
         """
-        configured = context.node_config.get(FLOOR_NODE_CONFIG_KEY)
-        if configured is None:
-            return self.min_noise_multiplier
-        node_floor = check_nonnegative(f"node config {FLOOR_NODE_CONFIG_KEY}", configured)
-        return max(self.min_noise_multiplier, node_floor)
+        return node_noise_floor(context, self.min_noise_multiplier)
 
     def ceiling(self, context: Context) -> float:
         """Return the node's check-in ceiling: the smaller of the code's and the node config's.
