@@ -653,6 +653,10 @@ class FederatedTrainer:
         self.loss_fn = loss_fn
         self.training = training
         self.sampler = sampler
+        # Rounds are released once each, in order: a round's clients are a function of the seed
+        # and its index, so releasing it again would reuse the same check-in set, which
+        # composition of independent rounds does not cover.
+        self._next_round = sampler.start_round
         self.accountant = accountant
         self.noise_multiplier = noise_multiplier
         self.max_update_norm = max_update_norm
@@ -695,15 +699,21 @@ class FederatedTrainer:
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[RoundResult]:
-        """Release the rounds ``start_round .. rounds - 1`` (see the class docstring)."""
-        for t in range(self.sampler.start_round, self.sampler.rounds):
-            yield self.run_round(t)
+        """Release the rounds not released yet, up to ``rounds - 1`` (see the class docstring).
+
+        A second loop continues where the first stopped; once every round is released it yields
+        nothing.
+        """
+        while self._next_round < self.sampler.rounds:
+            yield self.run_round(self._next_round)
 
     def run_round(self, round_index: int) -> RoundResult:
         """Release round ``round_index``: train, clip, noise, average into ``.grad``, account.
 
-        Every call is a release and is accounted, also for a round index released before (a
-        second release of a round adds fresh noise and counts again).
+        Every call is a release and is accounted. Each round is released at most once, in
+        order: an index below the next round to release is refused (its clients are those of the
+        earlier release, a reuse that independent-round composition does not cover); skipping
+        ahead leaves the skipped rounds unreleased.
 
         Args:
             round_index: The round (in ``[0, rounds)``); its clients are the sampler's.
@@ -712,8 +722,14 @@ class FederatedTrainer:
             The round's :class:`RoundResult`.
 
         Raises:
-            ValueError: if ``round_index`` is out of range.
+            ValueError: if ``round_index`` is out of range or was released already.
         """
+        if round_index < self._next_round:
+            raise ValueError(
+                f"round_index {round_index} was released already (the next round is "
+                f"{self._next_round}); its clients would be the same again, which the accountant "
+                f"cannot count as a new round. Release round_index >= {self._next_round}."
+            )
         participants = np.asarray(self.sampler.batch(round_index), dtype=np.int64)
         sums, loss = self._clipped_sum(participants, round_index)
         reports = int(participants.size)
@@ -745,6 +761,7 @@ class FederatedTrainer:
             noise_multiplier=self.noise_multiplier, sample_rate=self.sampler.sample_rate
         )
         self.rounds_released += 1
+        self._next_round = round_index + 1
         return RoundResult(round=int(round_index), reports=reports, local_loss=loss)
 
     def _clipped_sum(

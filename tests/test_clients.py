@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import math
 
 import numpy as np
@@ -366,6 +367,22 @@ def test_every_released_round_is_accounted_empty_ones_included():
     assert 0 in sizes and len(sizes) == 30
     assert len(engine.accountant) == 30
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
+
+
+def test_a_round_is_released_once_and_a_second_loop_continues():
+    # Round t's clients depend only on the seed and t: releasing it again would reuse the same
+    # check-in set, which independent-round composition does not cover.
+    x, y = data()
+    engine, optimizer, run = trainer(
+        model(), partition(), x, y, client_lr=0.5, local_steps=1, rate=0.3, rounds=6
+    )
+    first = [r.round for r in itertools.islice(run, 4)]  # a loop left early
+    assert first == [0, 1, 2, 3] and len(engine.accountant) == 4
+    assert [r.round for r in run] == [4, 5]  # the next loop continues with new rounds
+    assert [r.round for r in run] == [] and len(engine.accountant) == 6
+    with pytest.raises(ValueError, match="round_index 2 was released already") as info:
+        run.run_round(2)
+    assert "\n" not in str(info.value) and len(engine.accountant) == 6
 
 
 @pytest.mark.parametrize(
