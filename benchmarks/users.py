@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import csv
 import functools
 import json
 import os
@@ -217,6 +218,61 @@ def flower_inprocess(args: argparse.Namespace) -> list[float]:
     return list(np.diff(stamps))[1:]
 
 
+def flower_simulation(args: argparse.Namespace) -> list[float] | str:
+    """A real Flower simulation of the setting: SuperLink, Ray, ``flwr run`` of the MNIST app.
+
+    The app of ``experiments/flower_mnist`` in the trusted-server mode with N nodes of
+    ``examples`` images, check-in rate ``rate``, ``local-steps`` mini-batches of ``batch``
+    (learning rate 0.1), noise multiplier 1, C = 1, no evaluation. Ray gets as many CPUs as
+    this measurement's threads, one per ClientApp. The round time is the gap between
+    consecutive rows of the app's ``rounds.csv``, from round 2 on: the first round holds Ray's
+    start, the imports and each Ray worker's one read of MNIST (cached in the worker after
+    that; a node's first round still slices its images out of it, a millisecond).
+    """
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: flwr depends on tomli
+        import tomli as tomllib
+
+    from shuffle_opacus.flower.launch import LocalFederation
+
+    app = ROOT / "experiments" / "flower_mnist"
+    base = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    with tempfile.TemporaryDirectory(prefix="users-flower-") as tmp:
+        out = Path(tmp) / "out"
+        config = {
+            **base,
+            "num-nodes": args.clients,
+            "examples-per-node": args.examples,
+            "rate": args.rate,
+            "noise-multiplier": 1.0,
+            "clip-norm": 1.0,
+            "local-steps": args.steps,
+            "local-batch-size": args.batch,
+            "local-lr": CLIENT_LR,
+            "evaluate-every": 0,
+            "checkin-seed": 0,
+            "model": "cnn_small",
+            "num-server-rounds": args.flower_rounds,
+            "out-dir": str(out),
+        }
+        federation = LocalFederation(
+            "simulation",
+            num_nodes=args.clients,
+            work_dir=Path(tmp) / "federation",
+            ray_cpus=args.threads_now,
+            client_cpus=1,
+        )
+        with federation as fed:
+            outcome = fed.run(app, config, timeout=3600)
+        if not outcome.completed:
+            return f"failed: run {outcome.status}"
+        (run_dir,) = out.iterdir()
+        with (run_dir / "rounds.csv").open() as fh:
+            stamps = [float(row["seconds"]) for row in csv.DictReader(fh)]
+    return list(np.diff(stamps))
+
+
 def pfl(args: argparse.Namespace) -> list[float] | str:
     python = Path(args.pfl_python)
     if not python.exists():
@@ -270,6 +326,7 @@ PATHS = {
     "per-client torch loop": torch_loop,
     "pfl 0.6": pfl,
     "Flower objects in one process": flower_inprocess,
+    "Flower simulation": flower_simulation,
 }
 
 
@@ -282,6 +339,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=6, help="timed rounds (after a warm-up)")
+    parser.add_argument(
+        "--flower-rounds", type=int, default=8, help="rounds of the Flower simulation"
+    )
     parser.add_argument("--chunk", type=int, default=128, help="client_chunk of the trainer")
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
     parser.add_argument("--no-memory", action="store_true", help="skip the N = 60,000 run")

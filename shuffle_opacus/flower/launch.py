@@ -183,6 +183,7 @@ class LocalFederation:
         work_dir: str | Path,
         node_config: Mapping[str, Any] | None = None,
         ray_cpus: int = 1,
+        client_cpus: int | None = None,
         startup_timeout: float = 60.0,
         stop_timeout: float = 30.0,
         bin_dir: str | Path | None = None,
@@ -195,7 +196,10 @@ class LocalFederation:
                 ``partition-id=i num-partitions=num_nodes`` plus ``node_config``.
             work_dir: Directory for Flower's home and the logs (created).
             node_config: Extra node config of every SuperNode (deployment only).
-            ray_cpus: CPUs Ray may use and CPUs per ClientApp (simulation; integer >= 1).
+            ray_cpus: CPUs Ray may use (simulation; integer >= 1).
+            client_cpus: CPUs each ClientApp reserves (simulation; integer in
+                ``[1, ray_cpus]``; default ``ray_cpus``: one ClientApp at a time). With
+                ``ray_cpus=2, client_cpus=1`` Ray runs two ClientApps side by side.
             startup_timeout: Seconds to wait for the SuperLink to answer (> 0).
             stop_timeout: Seconds to wait for processes to exit after ``SIGTERM`` (> 0).
             bin_dir: Directory of the ``flwr`` executables (default: this Python's).
@@ -208,6 +212,12 @@ class LocalFederation:
         self.engine = engine
         self.num_nodes = check_int("num_nodes", num_nodes, minimum=1)
         self.ray_cpus = check_int("ray_cpus", ray_cpus, minimum=1)
+        self.client_cpus = check_int(
+            "client_cpus",
+            self.ray_cpus if client_cpus is None else client_cpus,
+            minimum=1,
+            maximum=self.ray_cpus,
+        )
         self.startup_timeout = check_positive("startup_timeout", startup_timeout)
         self.stop_timeout = check_positive("stop_timeout", stop_timeout)
         if node_config and engine != "deployment":
@@ -395,7 +405,7 @@ class LocalFederation:
         if self.engine == "simulation":
             federation = {
                 "num-supernodes": self.num_nodes,
-                "client-resources-num-cpus": self.ray_cpus,
+                "client-resources-num-cpus": self.client_cpus,
                 "init-args-num-cpus": self.ray_cpus,
             }
             args += ["--federation-config", toml_overrides(federation)]

@@ -56,6 +56,8 @@ def test_toml_overrides():
             {"engine": "simulation", "num_nodes": 2, "node_config": {"a": 1}},
             "deployment engine only",
         ),
+        ({"engine": "simulation", "num_nodes": 2, "ray_cpus": 1, "client_cpus": 2}, "client_cpus"),
+        ({"engine": "simulation", "num_nodes": 2, "client_cpus": 0}, "client_cpus"),
     ],
 )
 def test_bad_arguments(tmp_path, kwargs, text):
@@ -243,3 +245,67 @@ def test_documented_runs_of_both_modes_match_the_accountant(name):
             [(1.5, 0.5, r)], protocol="checkin", delta=1e-5, population=100
         ).epsilon
         assert float(rows[r]["epsilon"]) == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("epochs", "steps", "batch_size"), [(1, 5, 10), (1, 8, 10), (2, 0, 10), (1, 3, 25)]
+)
+def test_mnist_app_local_steps(monkeypatch, epochs, steps, batch_size):
+    """``local-steps`` trains exactly that many mini-batches, going on into a new permutation.
+
+    The oracle replays plain SGD by hand on a linear model: the mini-batches are the
+    consecutive slices of successive ``randperm`` draws of the node's generator, cut at
+    ``steps`` (or ``epochs`` whole passes when ``steps`` is 0). Stopping after one epoch, or
+    slicing a new permutation differently, changes the weights.
+    """
+    monkeypatch.syspath_prepend(str(MNIST_APP))
+    for name in [m for m in sys.modules if m.startswith("flower_mnist")]:
+        monkeypatch.delitem(sys.modules, name)
+    import numpy as np
+    import torch
+    from flower_mnist.task import local_train
+
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, size=(60, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=60).astype(np.int64)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+    start = [p.detach().clone() for p in model.parameters()]
+    local_train(
+        model, images, labels, epochs=epochs, batch_size=batch_size, lr=0.3, seed=11, steps=steps
+    )
+
+    x = torch.from_numpy(images.astype(np.float32) / 255.0).reshape(60, 784)
+    y = torch.from_numpy(labels)
+    w, b = (p.clone().requires_grad_(True) for p in start)
+    generator = torch.Generator().manual_seed(11)
+    batches: list = []
+    wanted = steps or epochs * -(-60 // batch_size)
+    while len(batches) < wanted:
+        order = torch.randperm(60, generator=generator)
+        batches += list(order.split(batch_size))
+    assert len(batches[:wanted]) == wanted
+    for batch in batches[:wanted]:
+        loss = torch.nn.functional.cross_entropy(x[batch] @ w.T + b, y[batch])
+        gw, gb = torch.autograd.grad(loss, (w, b))
+        with torch.no_grad():
+            w -= 0.3 * gw
+            b -= 0.3 * gb
+    trained = list(model.parameters())
+    assert torch.allclose(trained[0].detach(), w.detach(), atol=1e-6)
+    assert torch.allclose(trained[1].detach(), b.detach(), atol=1e-6)
+
+
+def test_mnist_app_local_steps_refuses_nothing_to_do(monkeypatch):
+    monkeypatch.syspath_prepend(str(MNIST_APP))
+    for name in [m for m in sys.modules if m.startswith("flower_mnist")]:
+        monkeypatch.delitem(sys.modules, name)
+    import numpy as np
+    import torch
+    from flower_mnist.task import local_train
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+    data = np.zeros((4, 28, 28), dtype=np.uint8), np.zeros(4, dtype=np.int64)
+    for epochs, steps in [(0, 0), (1, -1)]:
+        with pytest.raises(ValueError, match="local-steps must be >= 0"):
+            local_train(model, *data, epochs=epochs, batch_size=2, lr=0.1, seed=0, steps=steps)

@@ -67,6 +67,7 @@ def train(msg: Message, context: Context) -> Message:
         epochs=setting(rc, "local-epochs", int),
         batch_size=setting(rc, "local-batch-size", int),
         lr=setting(rc, "local-lr", float),
+        steps=setting(rc, "local-steps", int) if "local-steps" in rc else 0,
         seed=server_round * 1_000_003 + setting(context.node_config, "partition-id", int),
     )
     content = RecordDict(

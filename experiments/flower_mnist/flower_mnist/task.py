@@ -96,6 +96,7 @@ def local_train(
     batch_size: int,
     lr: float,
     seed: int,
+    steps: int = 0,
 ) -> float:
     """Train ``model`` in place with plain SGD on one node's data; return the mean loss.
 
@@ -103,30 +104,43 @@ def local_train(
         model: The model (modified in place).
         images: ``uint8`` images.
         labels: Their labels.
-        epochs: Passes over the data.
+        epochs: Passes over the data (used when ``steps`` is 0).
         batch_size: Mini-batch size.
         lr: Learning rate.
         seed: Seed of the mini-batch order.
+        steps: When positive, exactly this many mini-batches instead of whole epochs: the
+            walk goes on through fresh permutations of the data as long as it needs.
 
     Returns:
         Mean training loss over all mini-batches.
+
+    Raises:
+        ValueError: if neither ``epochs`` nor ``steps`` is positive, or ``steps`` is negative.
     """
+    if steps < 0 or (steps == 0 and epochs < 1):
+        raise ValueError(
+            f"local-steps must be >= 0 and, when it is 0, local-epochs >= 1. "
+            f"Found local-steps={steps!r}, local-epochs={epochs!r}."
+        )
     x, y = _inputs(images), _labels(labels)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()
     generator = torch.Generator().manual_seed(seed)
     model.train()
-    total, count = 0.0, 0
-    for _ in range(epochs):
+    per_epoch = -(-len(y) // batch_size)
+    wanted = steps if steps > 0 else epochs * per_epoch
+    batches: list[torch.Tensor] = []
+    while len(batches) < wanted:  # whole epochs; the last one may be cut short by ``steps``
         order = torch.randperm(len(y), generator=generator)
-        for start in range(0, len(y), batch_size):
-            batch = order[start : start + batch_size]
-            optimizer.zero_grad()
-            loss = loss_fn(model(x[batch]), y[batch])
-            loss.backward()
-            optimizer.step()
-            total += float(loss.detach())
-            count += 1
+        batches += [order[i : i + batch_size] for i in range(0, len(y), batch_size)]
+    total, count = 0.0, 0
+    for batch in batches[:wanted]:
+        optimizer.zero_grad()
+        loss = loss_fn(model(x[batch]), y[batch])
+        loss.backward()
+        optimizer.step()
+        total += float(loss.detach())
+        count += 1
     return total / max(count, 1)
 
 
