@@ -24,7 +24,11 @@ weights, as in the Flower app); C = 1, noise multiplier 1. Paths:
 * ``Flower objects in one process``: :class:`~shuffle_opacus.flower.ShuffleCheckInFedAvg`, a
   ``ClientApp`` with :class:`~shuffle_opacus.flower.LocalShuffleDPMod` doing the same local
   training, on :class:`~shuffle_opacus.flower.InProcessGrid` (no Ray, no network): a lower
-  bound of a Flower simulation, whose runtime adds the rest (``benchmarks/flower.py``).
+  bound of a Flower simulation, whose runtime adds the rest;
+* ``Flower simulation``: the MNIST Flower app (``experiments/flower_mnist``) with N nodes of
+  the same size, ``local-steps`` of the same batch, run by ``flwr run`` on a SuperLink with the
+  simulation engine (Ray given as many CPUs as the measurement's threads, one per ClientApp);
+  the median of rounds 2 to ``--flower-rounds`` from the app's ``rounds.csv``.
 
 s/round is the median over the timed rounds after one warm-up round (for pfl and Flower, the
 median over rounds 2 onwards). The memory run trains N = 60,000 one-example clients (all of
