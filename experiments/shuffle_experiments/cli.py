@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="run the MNIST shuffle-model experiment from a YAML config",
         description=(
-            "Train on MNIST with one image per client under the config's protocol, writing "
+            "Train on MNIST under the config's protocol (one image per client, or clients of "
+            "many images that train locally when the config has a clients section), writing "
             "config.yaml, metrics.csv, checkpoint.pt, summary.json and the plots into "
             "OUTPUT_DIR/NAME/<timestamp> (OUTPUT_DIR/NAME/latest points at the newest run)."
         ),
