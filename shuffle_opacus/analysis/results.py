@@ -104,10 +104,18 @@ class AccountingResult:
         order: Rényi order that achieved ``epsilon`` (``rdp`` results).
         max_order: Largest order evaluated (``rdp`` results).
         at_cap: True when ``order == max_order``: the optimum may lie beyond the cap.
-        epsilon_lower: A certified lower end for epsilon, when the method has one.
+        epsilon_lower: A lower end for the epsilon of the analysed pair or bound, when the
+            method has one: the clones method's certified lower bound, or for ``pld`` results
+            the optimistic discretisation of the same pair (so the pair's exact epsilon lies in
+            ``[epsilon_lower, epsilon]``, up to floating-point rounding).
         note: A one-line remark that changes how epsilon should be read, or ``None``.
         regime: What dominates epsilon, one of :data:`REGIMES` (derived, see :attr:`regime`).
         extra: Method-specific facts kept in the JSON output (e.g. ``tail``, ``composition``).
+        sensitivity: The sensitivity convention behind ``sigma`` (what distance the noise is
+            measured against), or ``None`` where the mechanism has no such parameter.
+        assumptions: What the guarantee rests on beyond the neighbouring relation (one
+            sentence each, e.g. that Theorem 1's pair is the worst case, or that the check-in
+            coins are secret).
     """
 
     mechanism: str
@@ -125,6 +133,8 @@ class AccountingResult:
     epsilon_lower: float | None = None
     note: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    sensitivity: str | None = None
+    assumptions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in ACCOUNTING_KINDS:
@@ -134,6 +144,7 @@ class AccountingResult:
         # Private copies, so that a caller's dictionary changing later cannot change the record.
         object.__setattr__(self, "parameters", dict(self.parameters))
         object.__setattr__(self, "extra", dict(self.extra))
+        object.__setattr__(self, "assumptions", tuple(self.assumptions))
 
     def __getattr__(self, name: str) -> Any:
         """Give the mechanism's parameters as attributes (``result.n``, ``result.sigma``)."""
@@ -181,7 +192,7 @@ class AccountingResult:
         Keys: ``mechanism``, ``method``, ``epsilon`` (``None`` when infinite), ``delta``,
         ``steps``, the parameters, ``order``/``max_order``/``at_cap`` for Rényi results,
         ``epsilon_lower`` when known, the ``extra`` facts, ``accounting``, ``neighbouring``,
-        ``note`` and ``regime`` (:attr:`regime`).
+        ``note``, ``sensitivity``, ``assumptions`` and ``regime`` (:attr:`regime`).
         """
         out: dict[str, Any] = {
             "mechanism": self.mechanism,
@@ -197,5 +208,6 @@ class AccountingResult:
             out["epsilon_lower"] = self.epsilon_lower
         out.update(self.extra)
         out.update(accounting=self.accounting, neighbouring=self.neighbouring, note=self.note)
+        out.update(sensitivity=self.sensitivity, assumptions=list(self.assumptions))
         out["regime"] = self.regime
         return out
