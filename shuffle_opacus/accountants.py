@@ -15,7 +15,16 @@ What the accountant needs and where it comes from:
   :meth:`get_epsilon` raises; it never falls back to a central-DP number.
 * ``sensitivity``: in units of the clipping norm, ``"replace-one"`` (2, default) or ``"paper"``
   (1); see :mod:`shuffle_opacus.protocols`. Analysis sigma = noise_multiplier / sensitivity.
-* ``method``: the core bound; the tightest by default (``exact`` for check-in).
+* ``method``: the core bound. ``None`` (the default) is the tightest sound one: ``pld``, the
+  privacy loss distribution of the symmetrised Theorem 1 pair, where the work limits allow it,
+  else the protocol's Rényi bound (``exact`` for check-in); :meth:`epsilon_result` says which
+  was used and why. ``get_epsilon(delta, method=...)`` asks for another one.
+
+Every epsilon holds for replace-one adjacency of one client, under the assumptions of
+:data:`shuffle_opacus.analysis.SHUFFLE_ASSUMPTIONS` (Theorem 1's pair is the worst case, the
+shuffle and the check-in coins are secret); with ``sensitivity="paper"`` it is the paper's
+convention, which needs every clipped update within ``C`` of every other (see
+:mod:`shuffle_opacus.protocols`).
 
 The history and the configuration must agree, whichever comes first: :meth:`configure` refuses
 a history whose sample rates contradict the new configuration (rounds recorded before it
@@ -66,6 +75,10 @@ _HELPER_HINT = (
 )
 
 
+def _method_text(method: str | None) -> str:
+    return "the default method (pld where affordable)" if method is None else f"method {method!r}"
+
+
 class HistoryRollbackWarning(UserWarning):
     """A loaded state holds fewer rounds than the accountant had: epsilon goes back with it."""
 
@@ -107,7 +120,7 @@ class ShuffleAccountantBase(IAccountant):
             same parameters are merged, as in Opacus's RDP accountant.
         population: Number of clients ``n``, or ``None`` until configured.
         sensitivity: Sensitivity in units of the clipping norm (2.0 = replace-one).
-        method: Core analysis method.
+        method: Core analysis method, or ``None`` for the default (``pld`` where affordable).
         sample_size: Clients per round ``m`` (``subsampled_shuffle`` only).
     """
 
@@ -118,7 +131,7 @@ class ShuffleAccountantBase(IAccountant):
         self.history: list[tuple[float, float, int]] = []
         self.population: int | None = None
         self.sensitivity: float = resolve_sensitivity("replace-one")
-        self.method: str = self.spec().check_method(None)
+        self.method: str | None = None
         self.sample_size: int | None = None
 
     @classmethod
@@ -143,7 +156,7 @@ class ShuffleAccountantBase(IAccountant):
         sensitivity: float | str = "replace-one",
         method: str | None = None,
         sample_size: int | None = None,
-    ) -> tuple[int, float, str, int | None]:
+    ) -> tuple[int, float, str | None, int | None]:
         """Validate a configuration without applying it (see :meth:`configure`).
 
         Returns:
@@ -213,7 +226,8 @@ class ShuffleAccountantBase(IAccountant):
             population: Number of clients ``n`` (integer >= 1).
             sensitivity: ``"replace-one"`` (2, default), ``"paper"`` (1) or a number > 0, in
                 units of the clipping norm.
-            method: Core method; the tightest by default.
+            method: Core method; ``None`` for the default (``pld`` where the work limits allow
+                it, else the protocol's Rényi bound).
             sample_size: Clients per round ``m``; required for ``subsampled_shuffle``, must be
                 omitted (or equal ``population``) otherwise.
 
@@ -311,10 +325,35 @@ class ShuffleAccountantBase(IAccountant):
         result = self._result(delta, max_order)
         return result.epsilon, result.order
 
-    def _result(self, delta: float, max_order: int | None) -> EpsilonResult:
+    def epsilon_result(
+        self, delta: float, *, method: str | None = None, max_order: int | None = None
+    ) -> EpsilonResult:
+        """Epsilon spent so far, with the method that gave it and why (never mutates state).
+
+        Args:
+            delta: Target delta in ``(0, 1)``.
+            method: A method of the protocol for this call; the configured one by default.
+            max_order: Optional cap on the Rényi order (a Rényi method; with the default method
+                it selects the Rényi fallback).
+
+        Returns:
+            An :class:`~shuffle_opacus.analysis.EpsilonResult`: ``method`` is the method used,
+            ``note`` says why the default fell back to a Rényi bound; epsilon 0 for an empty
+            history.
+
+        Raises:
+            ValueError: if the accountant is not configured and the history is not empty, or
+                on an invalid argument.
+        """
+        chosen = self.method if method is None else self.spec().check_method(method)
         if not self.history or len(self) == 0:
             return history_epsilon(
-                [], protocol=self.spec(), delta=delta, population=1, max_order=max_order
+                [],
+                protocol=self.spec(),
+                delta=delta,
+                population=1,
+                method=chosen,
+                max_order=max_order,
             )
         self._require_configured("epsilon")
         self._check_rates(self.history, self.population, self.sample_size)  # type: ignore[arg-type]
@@ -324,20 +363,36 @@ class ShuffleAccountantBase(IAccountant):
             delta=delta,
             population=self.population,  # type: ignore[arg-type]
             sensitivity=self.sensitivity,
-            method=self.method,
+            method=chosen,
             max_order=max_order,
         )
 
-    def get_epsilon(self, delta: float, max_order: int | None = None, **kwargs: Any) -> float:
+    def _result(self, delta: float, max_order: int | None) -> EpsilonResult:
+        return self.epsilon_result(delta, max_order=max_order)
+
+    def get_epsilon(
+        self,
+        delta: float,
+        max_order: int | None = None,
+        *,
+        method: str | None = None,
+        **kwargs: Any,
+    ) -> float:
         """Epsilon spent so far at ``delta``; 0 with an empty history. Never mutates state.
+
+        Replace-one adjacency of one client; see the module docstring for the assumptions.
 
         Args:
             delta: Target delta in ``(0, 1)``.
             max_order: Optional cap on the Rényi order (automatic by default).
+            method: A method of the protocol for this call (``pld``, or a Rényi bound such as
+                ``exact``); the configured one by default (:meth:`epsilon_result` tells which
+                method answered).
             **kwargs: Not accepted; present only because Opacus forwards its keyword arguments.
 
         Returns:
-            Epsilon (RDP composition of the history, converted by Lemma 2).
+            Epsilon of the history: by default the composed privacy loss distribution of the
+            symmetrised pair, or the protocol's Rényi bound where that is beyond the work limits.
 
         Raises:
             ValueError: if the accountant is not configured (see :meth:`configure`), or on
@@ -347,7 +402,7 @@ class ShuffleAccountantBase(IAccountant):
             raise ValueError(
                 f"{self.name} accountant: unexpected arguments {sorted(kwargs)}; {_HELPER_HINT}."
             )
-        return float(self._result(delta, max_order).epsilon)
+        return float(self.epsilon_result(delta, method=method, max_order=max_order).epsilon)
 
     def state_dict(self, destination: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
         """History, mechanism and configuration, for ``PrivacyEngine.save_checkpoint``.
@@ -421,9 +476,9 @@ class ShuffleAccountantBase(IAccountant):
                     )
                 if fresh.method != self.method:
                     raise ValueError(
-                        f"checkpoint of the {self.name} accountant was computed with method "
-                        f"{fresh.method!r}, but this accountant is configured with "
-                        f"{self.method!r}; to switch, call configure(..., method="
+                        f"checkpoint of the {self.name} accountant was computed with "
+                        f"{_method_text(fresh.method)}, but this accountant is configured with "
+                        f"{_method_text(self.method)}; to switch, call configure(..., method="
                         f"{fresh.method!r}) before loading."
                     )
         elif self.population is not None:

@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from .analysis._validation import check_delta, check_int, check_positive
 from .analysis.limits import (
     API_MAX_SECONDS,
+    PldRangeError,
     WorkLimitError,
     check_calibrate_budget,
     report_progress,
@@ -28,7 +30,7 @@ from .analysis.rdp.conversion import DEFAULT_ORDER_LIMIT, EpsilonResult, OrderCa
 from .analysis.results import conversion_term
 from .protocols import HistoryEntry, Protocol, analysis_sigma, get_protocol, resolve_sensitivity
 
-__all__ = ["history_epsilon", "calibrate_noise_multiplier"]
+__all__ = ["history_epsilon", "calibrate", "Calibration", "calibrate_noise_multiplier"]
 
 
 def history_epsilon(
@@ -41,12 +43,13 @@ def history_epsilon(
     method: str | None = None,
     reference: str | None = None,
     max_order: int | None = None,
+    lower: bool = False,
 ) -> EpsilonResult:
-    """Epsilon of a whole training history: RDP of every round summed, then Lemma 2.
+    """Epsilon of a whole training history under replace-one adjacency of one client.
 
-    Rounds with different noise multipliers or rates compose by adding their RDP curves at each
-    order (RDP composition), so a history with several entries is handled exactly like Opacus's
-    RDP accountant does.
+    By default the rounds' privacy loss distributions (of the symmetrised Theorem 1 pair) are
+    composed; a Rényi-DP method sums the rounds' RDP at each order and converts by Lemma 2. A
+    history with several entries (different noise multipliers or rates) composes either way.
 
     Args:
         history: ``(noise_multiplier, sample_rate, steps)`` entries as kept by Opacus accountants.
@@ -55,10 +58,14 @@ def history_epsilon(
         delta: Target delta in ``(0, 1)``.
         population: Number of clients ``n``.
         sensitivity: See :func:`~shuffle_opacus.protocols.resolve_sensitivity`.
-        method: A method of the protocol's analysis; the tightest by default.
+        method: A method of the protocol's analysis; by default the tightest sound one
+            (``pld``), or the protocol's Rényi bound where ``pld`` is beyond the work limits
+            (the result's ``method`` and ``note`` say which).
         reference: A reference curve of the analysis instead of a method (``no-shuffle`` or
             ``central``); a comparison, not a guarantee of the protocol.
         max_order: Optional cap on the Rényi order.
+        lower: For ``pld``, also compute the optimistic estimate of the same pair
+            (``epsilon_lower``; three compositions instead of one).
 
     Returns:
         An :class:`~shuffle_opacus.analysis.EpsilonResult`; epsilon is 0 for an empty history
@@ -90,10 +97,28 @@ def history_epsilon(
         method=method,
         reference=reference,
         max_order=max_order,
+        lower=lower,
     )
 
 
-def calibrate_noise_multiplier(
+@dataclass(frozen=True)
+class Calibration:
+    """The result of :func:`calibrate`.
+
+    Attributes:
+        noise_multiplier: The smallest local noise multiplier found meeting the target.
+        epsilon: Its epsilon after the planned rounds (at most the target).
+        method: The method that computed it.
+        note: Why the default fell back to a Rényi bound, or ``None``.
+    """
+
+    noise_multiplier: float
+    epsilon: float
+    method: str
+    note: str | None = None
+
+
+def calibrate(
     *,
     target_epsilon: float,
     delta: float,
@@ -107,12 +132,17 @@ def calibrate_noise_multiplier(
     rel_tol: float = 1e-3,
     max_noise_multiplier: float = 1e4,
     max_seconds: float | None = API_MAX_SECONDS,
-) -> float:
+) -> Calibration:
     """Smallest local noise multiplier (to ``rel_tol``) whose epsilon after ``rounds`` is <= target.
 
     A bisection on ``log(noise_multiplier)``. The value returned is always one at which epsilon
-    was evaluated (by :func:`history_epsilon`) and found ``<= target_epsilon``, so the result
-    never overshoots the target, whatever the shape of epsilon as a function of the noise.
+    was evaluated (by :func:`history_epsilon`, with one method throughout) and found
+    ``<= target_epsilon``, so the result never overshoots the target, whatever the shape of
+    epsilon as a function of the noise. The default method is ``pld`` (the tightest sound one)
+    when its estimated cost is within ``max_seconds``, else the protocol's Rényi bound, with a
+    note. Where the ``pld`` engines cannot evaluate a noise multiplier (too little noise,
+    :class:`~shuffle_opacus.analysis.limits.PldRangeError`) the Rényi bound answers for it; the
+    result names the method that evaluated the value returned.
 
     Args:
         target_epsilon: Privacy budget epsilon (> 0).
@@ -123,7 +153,7 @@ def calibrate_noise_multiplier(
         rate: Check-in probability (``checkin``).
         sample_size: Clients per round (``subsampled``).
         sensitivity: See :func:`~shuffle_opacus.protocols.resolve_sensitivity`.
-        method: A method of the protocol's analysis; the tightest by default.
+        method: A method of the protocol's analysis; the default as above when ``None``.
         rel_tol: Relative width of the final bracket (in ``(0, 1)``).
         max_noise_multiplier: Largest noise multiplier tried before giving up.
         max_seconds: Work budget in estimated seconds
@@ -132,7 +162,7 @@ def calibrate_noise_multiplier(
             charged to it as it starts. ``None`` turns the budget off.
 
     Returns:
-        The local noise multiplier (noise std of one client divided by the clipping norm).
+        A :class:`Calibration`.
 
     Raises:
         ValueError: on invalid arguments, when even ``max_noise_multiplier`` does not reach
@@ -153,7 +183,18 @@ def calibrate_noise_multiplier(
     if rel_tol >= 1.0:
         raise ValueError(f"rel_tol must be in (0, 1). Found {rel_tol!r}.")
     max_noise_multiplier = check_positive("max_noise_multiplier", max_noise_multiplier)
-    if get_mechanism(record.mechanism).method(method).kind != "pld":
+    note = None
+    if method is None:
+        method = record.methods[0]
+        if max_seconds is not None and record.fallback is not None:
+            try:
+                _check_budget(record, method, population, sample_size, sample_rate, rounds,
+                              max_seconds)  # fmt: skip
+            except WorkLimitError as exc:
+                note = f"{str(exc).rstrip('.')}; Rényi bound (method {record.fallback}) instead"
+                method = record.fallback
+    kind = get_mechanism(record.mechanism).method(method).kind
+    if kind != "pld":
         floor = min(conversion_term(order, delta) for order in range(2, DEFAULT_ORDER_LIMIT + 1))
         if target_epsilon < floor:
             # Every epsilon of Lemma 2 is at least its own term; no noise can reach the target.
@@ -164,25 +205,11 @@ def calibrate_noise_multiplier(
                 f"such floor). Found {target_epsilon!r}."
             )
     if max_seconds is not None:
-        try:
-            check_calibrate_budget(
-                mechanism=record.mechanism,
-                method=method,
-                n=population,
-                m=sample_size,
-                rate=sample_rate,
-                rounds=rounds,
-                budget=float(max_seconds),
-            )
-        except WorkLimitError as exc:
-            # The parameter is ``population`` here (``n`` in the estimate's message).
-            text = str(exc)
-            raise WorkLimitError(
-                "population" + text[1:] if text.startswith("n ") else text
-            ) from None
+        _check_budget(record, method, population, sample_size, sample_rate, rounds, max_seconds)
 
-    def eps(noise_multiplier: float) -> float:
-        report_progress(f"noise multiplier {noise_multiplier:.6g}")
+    used: dict[float, tuple[float, str]] = {}
+
+    def evaluate(noise_multiplier: float, name: str) -> float:
         with warnings.catch_warnings():
             # An optimum at the order cap still gives a valid (looser) upper bound.
             warnings.simplefilter("ignore", OrderCapWarning)
@@ -192,16 +219,105 @@ def calibrate_noise_multiplier(
                 delta=delta,
                 population=population,
                 sensitivity=sens,
-                method=method,
+                method=name,
             ).epsilon
 
+    def eps(noise_multiplier: float) -> float:
+        report_progress(f"noise multiplier {noise_multiplier:.6g}")
+        name = method
+        try:
+            value = evaluate(noise_multiplier, name)
+        except PldRangeError:
+            # Too little noise for the pld engines: the Rényi bound answers there (both are
+            # upper bounds, so the bisection still never overshoots the target).
+            if record.fallback is None:
+                raise
+            name = record.fallback
+            value = evaluate(noise_multiplier, name)
+        used[noise_multiplier] = (value, name)
+        return value
+
     with work_budget(max_seconds):
-        return _bisect(
+        found = _bisect(
             eps,
             target_epsilon=target_epsilon,
             rel_tol=rel_tol,
             max_noise_multiplier=max_noise_multiplier,
         )
+    epsilon, name = used[found]
+    refused = [nm for nm, (_, how) in used.items() if how != method and nm < found]
+    if name == method and refused:
+        note = (
+            f"the pld engines cannot evaluate noise multipliers up to {max(refused):.6g} here, "
+            f"where the Rényi bound exceeds the target: the value found is limited by them"
+        )
+    if name != method:
+        note = (
+            f"the pld engines cannot evaluate noise_multiplier {found:.6g} here (analysis sigma "
+            f"{analysis_sigma(found, sens):.3g}); Rényi bound (method {name}) instead"
+        )
+    return Calibration(noise_multiplier=found, epsilon=epsilon, method=name, note=note)
+
+
+def _check_budget(
+    record: Protocol,
+    method: str,
+    population: int,
+    sample_size: int | None,
+    sample_rate: float,
+    rounds: int,
+    max_seconds: float,
+) -> None:
+    try:
+        check_calibrate_budget(
+            mechanism=record.mechanism,
+            method=method,
+            n=population,
+            m=sample_size,
+            rate=sample_rate,
+            rounds=rounds,
+            budget=float(max_seconds),
+        )
+    except WorkLimitError as exc:
+        # The parameter is ``population`` here (``n`` in the estimate's message).
+        text = str(exc)
+        raise WorkLimitError("population" + text[1:] if text.startswith("n ") else text) from None
+
+
+def calibrate_noise_multiplier(
+    *,
+    target_epsilon: float,
+    delta: float,
+    population: int,
+    rounds: int,
+    protocol: str | Protocol = "checkin",
+    rate: float | None = None,
+    sample_size: int | None = None,
+    sensitivity: float | str = "replace-one",
+    method: str | None = None,
+    rel_tol: float = 1e-3,
+    max_noise_multiplier: float = 1e4,
+    max_seconds: float | None = API_MAX_SECONDS,
+) -> float:
+    """Return the noise multiplier of :func:`calibrate` alone (same arguments and errors).
+
+    Returns:
+        The local noise multiplier (noise std of one client divided by the clipping norm).
+    """
+    return calibrate(
+        target_epsilon=target_epsilon,
+        delta=delta,
+        population=population,
+        rounds=rounds,
+        protocol=protocol,
+        rate=rate,
+        sample_size=sample_size,
+        sensitivity=sensitivity,
+        method=method,
+        rel_tol=rel_tol,
+        max_noise_multiplier=max_noise_multiplier,
+        max_seconds=max_seconds,
+    ).noise_multiplier
 
 
 def _bisect(
@@ -210,14 +326,24 @@ def _bisect(
     target_epsilon: float,
     rel_tol: float,
     max_noise_multiplier: float,
+    start: float = 1.0,
 ) -> float:
-    """Bisection on ``log(noise_multiplier)`` (see :func:`calibrate_noise_multiplier`).
+    """Solve ``eps(x) = target`` on ``log(noise_multiplier)``, never overshooting the target.
+
+    A bracket ``[low, high]`` with ``eps(high) <= target < eps(low)`` is found from ``start``
+    (upwards by doubling, downwards by extrapolating ``eps ~ x^-2``) and narrowed by the
+    Illinois variant of regula falsi on ``log eps`` against ``log x``, each new point kept at
+    least half the tolerance away from both ends (a bisection step when the bracket stalls), until
+    ``high / low - 1 <= rel_tol``. Every value returned was evaluated and met the target; a
+    few evaluations suffice where plain bisection needs about ten (each ``pld`` evaluation
+    builds a new pair).
 
     Args:
-        eps: Epsilon as a function of the noise multiplier.
+        eps: Epsilon as a function of the noise multiplier (``inf`` where it cannot be met).
         target_epsilon: The target (> 0).
         rel_tol: Relative width of the final bracket.
         max_noise_multiplier: Largest noise multiplier tried.
+        start: First noise multiplier evaluated.
 
     Returns:
         The smallest noise multiplier found with ``eps <= target_epsilon``.
@@ -225,25 +351,58 @@ def _bisect(
     Raises:
         ValueError: when even ``max_noise_multiplier`` does not reach the target.
     """
-    high = 1.0
-    while eps(high) > target_epsilon:
+    log_target = math.log(target_epsilon)
+
+    def excess(x: float) -> float:
+        value = eps(x)
+        if value <= 0.0:
+            return -math.inf
+        return math.log(value) - log_target if math.isfinite(value) else math.inf
+
+    high = min(max(start, 1e-6), max_noise_multiplier)
+    g_high = excess(high)
+    while g_high > 0.0:
         if high >= max_noise_multiplier:
             raise ValueError(
                 f"target_epsilon={target_epsilon} is not reached with noise_multiplier <= "
                 f"{max_noise_multiplier}; raise target_epsilon or max_noise_multiplier."
             )
         high = min(2.0 * high, max_noise_multiplier)
-    low = high / 2.0
-    while eps(low) <= target_epsilon:
-        high = low
-        low = low / 2.0
+        g_high = excess(high)
+    while True:  # below ``high``, a point that misses the target
+        factor = math.exp(g_high / 2.0) if math.isfinite(g_high) else 0.5
+        low = high * min(max(factor, 0.5), 1.0 / (1.0 + rel_tol))
         if low < 1e-6:
             return high
+        g_low = excess(low)
+        if g_low > 0.0:
+            break
+        high, g_high = low, g_low
     # Invariant: eps(high) <= target < eps(low).
+    side = 0
+    stalled = 0
     while high / low - 1.0 > rel_tol:
-        mid = math.sqrt(low * high)
-        if eps(mid) <= target_epsilon:
-            high = mid
+        u_low, u_high = math.log(low), math.log(high)
+        width = u_high - u_low
+        if math.isfinite(g_low) and math.isfinite(g_high) and stalled < 2:
+            u = u_high - g_high * width / (g_high - g_low)
         else:
-            low = mid
+            u = u_low + width / 2.0
+        margin = min(math.log1p(rel_tol) / 2.0, width / 4.0)
+        u = min(max(u, u_low + margin), u_high - margin)
+        mid = math.exp(u)
+        g_mid = excess(mid)
+        before = width
+        if g_mid <= 0.0:
+            high, g_high = mid, g_mid
+            if side == 1 and math.isfinite(g_low):
+                g_low /= 2.0  # Illinois: the end kept twice pulls less
+            side = 1
+        else:
+            low, g_low = mid, g_mid
+            if side == -1 and math.isfinite(g_high):
+                g_high /= 2.0
+            side = -1
+        shrunk = math.log(high) - math.log(low)
+        stalled = stalled + 1 if shrunk > 0.5 * before else 0
     return high

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import re
 import sys
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from . import render
-from .accounting import calibrate_noise_multiplier, history_epsilon
+from .accounting import calibrate
 from .analysis._validation import (
     SIGMA_RANGE,
     check_delta,
@@ -39,7 +40,16 @@ from .analysis.catalogue import CATALOGUE, PARAMETERS, account
 from .analysis.limits import CLI_MAX_SECONDS, observe
 from .analysis.options import KRR_ADVERSARIES
 from .analysis.rdp.conversion import OrderCapWarning
-from .protocols import PROTOCOL_NAMES, SENSITIVITIES, get_protocol, resolve_sensitivity
+from .analysis.results import AccountingResult
+from .protocols import (
+    PROTOCOL_NAMES,
+    SENSITIVITIES,
+    PaperConventionWarning,
+    get_protocol,
+    resolve_sensitivity,
+    sensitivity_assumptions,
+    sensitivity_label,
+)
 
 __all__ = ["main", "build_parser"]
 
@@ -131,19 +141,37 @@ def _add_account(sub: argparse._SubParsersAction) -> None:
         "account",
         help="epsilon of a shuffle (or central reference) mechanism after some rounds",
         description=(
-            "Epsilon after --steps rounds. For shuffle, subsampled and checkin, --sigma is the "
-            "per-user noise std divided by the L2 distance of the differing user's two inputs; "
-            "for gaussian and subsampled-gaussian it is the noise on the sum divided by its "
-            "sensitivity; for clones-gaussian the noise std over the diameter of the input "
-            f"domain. Mechanisms: {rows}."
+            "Epsilon after --steps rounds. For shuffle, subsampled and checkin give the noise as "
+            "in the API and in calibrate's output: --noise-multiplier (each user's noise std / "
+            "the clipping norm C) with --sensitivity (replace-one by default: clipped updates "
+            "up to 2C apart); or --sigma, the analysis sigma of the maths (each user's noise std "
+            "/ the L2 distance of the differing user's two inputs; replace-one sigma = noise "
+            "multiplier / 2). For gaussian and subsampled-gaussian --sigma is the noise on the "
+            "sum divided by its sensitivity; for clones-gaussian the noise std over the diameter "
+            f"of the input domain. Mechanisms: {rows}."
         ),
     )
     acc.add_argument("mechanism", choices=tuple(CATALOGUE), help="mechanism to account")
     acc.add_argument("--n", type=_int_arg("--n"), help="number of users (integer >= 1)")
     acc.add_argument(
+        "--noise-multiplier",
+        type=_float_arg("--noise-multiplier", check_positive),
+        help="shuffle, subsampled, checkin: each user's noise std / the clipping norm (the "
+        "unit of calibrate and of the Opacus API); turned into sigma by --sensitivity",
+    )
+    acc.add_argument(
+        "--sensitivity",
+        type=_sensitivity_arg,
+        help="with --noise-multiplier, in units of the clipping norm: replace-one (2, default), "
+        "paper (1: the paper's convention, holds only if every clipped update lies within C "
+        "of every other) or a number in [1, 2]",
+    )
+    acc.add_argument(
         "--sigma",
         type=_float_arg("--sigma", lambda label, v: check_sigma(v, label)),
-        help="sigma > 0 (1e-150 to 1e150)",
+        help="the analysis sigma > 0 (1e-150 to 1e150): for shuffle, subsampled and checkin "
+        "each user's noise std over the distance of the differing user's two inputs (not the "
+        "noise multiplier: under replace-one it is half of it)",
     )
     acc.add_argument(
         "--eps0",
@@ -169,7 +197,9 @@ def _add_account(sub: argparse._SubParsersAction) -> None:
     acc.add_argument(
         "--method",
         choices=methods,
-        help="bound to use (default: the mechanism's first, the tightest): "
+        help="bound to use (default: the mechanism's first; for shuffle, subsampled and checkin "
+        "pld, the tightest sound one, or its Rényi bound with a note where pld is beyond the "
+        "work limits): "
         + "; ".join(f"{e.name}: {_choices(e.methods)}" for e in CATALOGUE.values()),
     )
     acc.add_argument("--delta", type=_delta_arg(), default=1e-5, help="target delta (1e-5)")
@@ -222,7 +252,12 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
         help="in units of the clipping norm: replace-one (2, default), paper (1) or a number",
     )
     methods = sorted({m for p in PROTOCOL_NAMES for m in get_protocol(p).methods})
-    cal.add_argument("--method", choices=methods, help="core method (default: the tightest)")
+    cal.add_argument(
+        "--method",
+        choices=methods,
+        help="core method (default: pld, the tightest sound one, or the protocol's Rényi bound "
+        "with a note where pld is beyond the work limits)",
+    )
     cal.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -276,11 +311,64 @@ def _progress(label: str) -> Iterator[None]:
         bar.close()
 
 
+#: Mechanisms whose noise may be given as a noise multiplier with a sensitivity.
+_NOISE_MULTIPLIER_MECHANISMS = ("shuffle", "subsampled", "checkin")
+
+
+def _noise_to_sigma(args: argparse.Namespace) -> tuple[float | None, float | None]:
+    """Return ``(sigma, sensitivity)`` from ``--noise-multiplier``/``--sensitivity`` or ``--sigma``.
+
+    The sensitivity is ``None`` when the analysis sigma was given directly.
+    """
+    if args.noise_multiplier is None:
+        if args.sensitivity is not None:
+            raise CliError("--sensitivity applies to --noise-multiplier; --sigma is the analysis "
+                           "sigma already")  # fmt: skip
+        return args.sigma, None
+    if args.sigma is not None:
+        raise CliError(
+            "give --noise-multiplier (with --sensitivity) or --sigma (the analysis sigma), not both"
+        )
+    if args.mechanism not in _NOISE_MULTIPLIER_MECHANISMS:
+        raise CliError(
+            f"--noise-multiplier is not an option of the {args.mechanism} mechanism (one of "
+            f"{', '.join(_NOISE_MULTIPLIER_MECHANISMS)}); use --sigma"
+        )
+    sens = SENSITIVITIES["replace-one"] if args.sensitivity is None else args.sensitivity
+    sigma = args.noise_multiplier / sens
+    low, high = SIGMA_RANGE
+    if not low <= sigma <= high:
+        raise CliError(
+            f"--noise-multiplier / --sensitivity (the analysis sigma) must be in [{low:g}, "
+            f"{high:g}]. Found {args.noise_multiplier!r} / {sens:g}."
+        )
+    return sigma, sens
+
+
+def _in_noise_units(
+    result: AccountingResult, noise_multiplier: float, sensitivity: float
+) -> AccountingResult:
+    """Show a record in the API's units: the noise multiplier beside the analysis sigma."""
+    parameters = {"noise_multiplier": noise_multiplier, **result.parameters}
+    return dataclasses.replace(
+        result,
+        parameters=parameters,
+        sensitivity=sensitivity_label(sensitivity),
+        assumptions=(*result.assumptions, *sensitivity_assumptions(sensitivity)),
+    )
+
+
 def _account(args: argparse.Namespace) -> int:
     entry = CATALOGUE[args.mechanism]
+    sigma, sensitivity = _noise_to_sigma(args)
     given = {name: getattr(args, name) for name in PARAMETERS}
+    given["sigma"] = sigma
     for name in entry.required:
         if given[name] is None:
+            if name == "sigma" and args.mechanism in _NOISE_MULTIPLIER_MECHANISMS:
+                raise CliError(
+                    f"--noise-multiplier or --sigma is required for the {entry.name} mechanism"
+                )
             raise CliError(f"--{name} is required for the {entry.name} mechanism")
     for name, value in given.items():
         if value is not None and name not in entry.required + entry.optional:
@@ -308,6 +396,8 @@ def _account(args: argparse.Namespace) -> int:
                 )
         except ValueError as exc:
             raise CliError(_flag_error(str(exc))) from None
+    if sensitivity is not None:
+        results = [_in_noise_units(r, args.noise_multiplier, sensitivity) for r in results]
     print(render.json_lines(results) if args.json else render.table(results), flush=True)
     if any(r.at_cap for r in results):
         print(
@@ -330,10 +420,9 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise CliError(f"--m must be an integer in [1, {args.n}]. Found {args.m}.")
     rate = protocol.sample_rate(population=args.n, rate=args.rate, sample_size=args.m)
     method = protocol.check_method(args.method)
-    setting = {"population": args.n, "sensitivity": args.sensitivity, "method": method}
     try:
         with _progress(f"calibrate {protocol.name}"):
-            sigma = calibrate_noise_multiplier(
+            found = calibrate(
                 target_epsilon=args.epsilon,
                 delta=args.delta,
                 rounds=args.rounds,
@@ -341,7 +430,9 @@ def _calibrate(args: argparse.Namespace) -> int:
                 rate=args.rate,
                 sample_size=args.m,
                 max_seconds=CLI_MAX_SECONDS,
-                **setting,
+                population=args.n,
+                sensitivity=args.sensitivity,
+                method=method,
             )
     except ValueError as exc:
         text = str(exc)
@@ -352,25 +443,29 @@ def _calibrate(args: argparse.Namespace) -> int:
                 f"/ sensitivity) outside [{low:g}, {high:g}]."
             )
         raise CliError(_flag_error(text)) from None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", OrderCapWarning)
-        res = history_epsilon(
-            [(sigma, rate, args.rounds)], protocol=protocol, delta=args.delta, **setting
-        )
+    assumptions = (
+        *protocol.analysis.assumptions,
+        *sensitivity_assumptions(args.sensitivity),
+    )
     row = {
         "protocol": protocol.name,
-        "method": method,
+        "method": found.method,
         "n": args.n,
         "rate": rate,
         "rounds": args.rounds,
         "sensitivity": args.sensitivity,
         "delta": args.delta,
         "target_epsilon": args.epsilon,
-        "noise_multiplier": sigma,
-        "epsilon": res.epsilon,
-        "order": res.order,
+        "noise_multiplier": found.noise_multiplier,
+        "epsilon": found.epsilon,
+        "neighbouring": protocol.analysis.neighbouring,
+        "sensitivity_convention": sensitivity_label(args.sensitivity),
+        "assumptions": list(assumptions),
+        "note": found.note,
     }
     print(json.dumps(row) if args.json else render.calibration_text(row), flush=True)
+    if found.note and not args.json:
+        print(f"{PROG}: note: {found.note}", file=sys.stderr)
     return 0
 
 
@@ -395,7 +490,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PaperConventionWarning)
+            args = parser.parse_args(argv)
+        for item in caught:  # the sensitivity's warning, as one note line
+            print(f"{PROG}: note: {item.message}", file=sys.stderr)
         if args.command == "account":
             return _account(args)
         return _calibrate(args)

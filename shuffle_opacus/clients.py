@@ -70,7 +70,7 @@ from .accountants import ACCOUNTANTS, ShuffleAccountantBase
 from .analysis._validation import check_int, check_positive
 from .clipping import clip_factors
 from .noise import NOISE_MODES, local_noise_sum
-from .privacy import PrivacyOptions, new_sampler
+from .privacy import PrivacyOptions, bind_get_epsilon, new_sampler
 from .protocols import resolve_sensitivity
 from .sampling import FixedSizeShuffledSampler, ShuffleRoundSampler
 
@@ -1076,6 +1076,7 @@ def make_private_clients(
             stacklevel=2,
         )
     accountant.configure(population=n, sensitivity=sens, method=method, sample_size=size)
+    bind_get_epsilon(engine)
     return FederatedTrainer(
         module=module,
         optimizer=optimizer,

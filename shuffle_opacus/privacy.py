@@ -396,7 +396,27 @@ def _make_private(
     )
     if engine.dataset is None:
         engine.dataset = data_loader.dataset
+    bind_get_epsilon(engine)
     return wrapped, dp_optimizer, loader
+
+
+def bind_get_epsilon(engine: PrivacyEngine) -> None:
+    """Let ``engine.get_epsilon`` take the accountant's keyword arguments (``method=...``).
+
+    Opacus's ``PrivacyEngine.get_epsilon(delta)`` forwards ``delta`` alone; after this
+    ``engine.get_epsilon(delta=1e-5, method="exact")`` reaches
+    :meth:`~shuffle_opacus.accountants.ShuffleAccountantBase.get_epsilon`. The instance
+    attribute goes with the engine; nothing else of it changes.
+
+    Args:
+        engine: An engine whose accountant is one of the package's.
+    """
+
+    def get_epsilon(delta: float, **kwargs: Any) -> float:
+        return float(engine.accountant.get_epsilon(delta, **kwargs))
+
+    get_epsilon.__doc__ = ShuffleAccountantBase.get_epsilon.__doc__
+    engine.get_epsilon = get_epsilon  # type: ignore[method-assign]
 
 
 def make_private(

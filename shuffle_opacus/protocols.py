@@ -30,19 +30,27 @@ the L2 distance between the differing client's two possible reports. That distan
 * ``"paper"`` (``1.0``): the convention of the MNIST experiment of Liew & Takahashi (*Shuffle
   Gaussian Mechanism for Differential Privacy*, arXiv:2206.09569, §5.2), whose analysis treats
   the clipped update as lying in ``[0, C]`` with the differing client's reports ``C`` apart, so
-  analysis ``sigma = noise_multiplier``. Use it to reproduce the paper.
+  analysis ``sigma = noise_multiplier``. Use it to reproduce the paper. It is **not** a guarantee
+  for updates clipped to ``C`` under any standard adjacency: with the others at ``-C e1`` and the
+  differing client at ``C e1`` or ``0`` the shuffled outputs differ by more than Theorem 1's pair
+  allows (docs/maths.md, "The paper's sensitivity convention"). It holds only if every clipped
+  update lies within ``C`` of every other (for example, updates clipped to ``C/2``). Using it
+  warns once (:class:`PaperConventionWarning`), and :func:`sensitivity_label` and
+  :func:`sensitivity_assumptions` say so wherever its numbers are shown.
 
 A number in ``[1, 2]`` is also accepted (:data:`SENSITIVITY_RANGE`): two clipped updates are at
 most ``2C`` apart, so a larger value would only inflate epsilon, and a value below ``C`` would rest
 on what the data look like rather than on the clipping (``1e-9`` would make every epsilon 0).
-Other numbers, and booleans or strings other than the two names, are refused. Whatever the
-convention, the guarantees are those of the core analysis: replace-one adjacency of one client,
-the other clients' reports at a common value (Theorem 1's pair), the forward Rényi divergence;
-see ``docs/maths.md``.
+A number below 2 assumes, like the paper's convention, that all clipped updates lie within that
+many ``C`` of one another. Other numbers, and booleans or strings other than the two names, are
+refused. Whatever the convention, the guarantees are those of the core analysis: replace-one
+adjacency of one client under the assumptions of
+:data:`~shuffle_opacus.analysis.SHUFFLE_ASSUMPTIONS`; see ``docs/maths.md``.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -64,6 +72,9 @@ __all__ = [
     "protocol_for_accountant",
     "resolve_sensitivity",
     "analysis_sigma",
+    "sensitivity_label",
+    "sensitivity_assumptions",
+    "PaperConventionWarning",
 ]
 
 #: Named sensitivity conventions, in units of the clipping norm C.
@@ -75,6 +86,67 @@ SENSITIVITY_RANGE: tuple[float, float] = (1.0, 2.0)
 
 #: One entry of an accountant's history: (noise_multiplier, sample_rate, steps), as in Opacus.
 HistoryEntry = tuple[float, float, int]
+
+
+class PaperConventionWarning(UserWarning):
+    """A sensitivity below replace-one's 2C: epsilon assumes all clipped updates are close."""
+
+
+_WARNED: set[float] = set()
+
+
+def _warn_below_replace_one(sensitivity: float) -> None:
+    if sensitivity >= SENSITIVITIES["replace-one"] or sensitivity in _WARNED:
+        return
+    _WARNED.add(sensitivity)
+    warnings.warn(
+        f"sensitivity {sensitivity:g} C is below replace-one's 2 C (the paper's convention is "
+        f"1 C), so it is no guarantee for updates clipped to C: its epsilon holds only if every "
+        f"clipped update "
+        f"lies within {sensitivity:g} C of every other (e.g. updates clipped to "
+        f"{sensitivity / 2:g} C). Use sensitivity='replace-one' for a guarantee; see "
+        f"docs/maths.md. (Shown once.)",
+        PaperConventionWarning,
+        stacklevel=3,
+    )
+
+
+def sensitivity_label(value: float | str) -> str:
+    """Say what a sensitivity convention means, for results and summaries.
+
+    Args:
+        value: As for :func:`resolve_sensitivity`.
+
+    Returns:
+        One line: the convention, how it turns the noise multiplier into the analysis sigma,
+        and, below replace-one, the condition under which its epsilon holds.
+
+    Raises:
+        ValueError: as :func:`resolve_sensitivity`.
+    """
+    sens = _resolve(value)
+    if sens == SENSITIVITIES["replace-one"]:
+        return "replace-one (clipped updates up to 2C apart; analysis sigma = noise_multiplier / 2)"
+    name = "the paper's convention, " if sens == SENSITIVITIES["paper"] else ""
+    return (
+        f"{name}{sens:g} C (analysis sigma = noise_multiplier / {sens:g}): holds only if every "
+        f"clipped update lies within {sens:g} C of every other, not for updates clipped to C"
+    )
+
+
+def sensitivity_assumptions(value: float | str) -> tuple[str, ...]:
+    """Return the assumptions a sensitivity below 2 C adds to the guarantee (none at 2 C).
+
+    Raises:
+        ValueError: as :func:`resolve_sensitivity`.
+    """
+    sens = _resolve(value)
+    if sens >= SENSITIVITIES["replace-one"]:
+        return ()
+    return (
+        f"every clipped update lies within {sens:g} C of every other (sensitivity {sens:g} C, "
+        f"below the clipping ball's diameter 2C)",
+    )
 
 
 def resolve_sensitivity(value: float | str) -> float:
@@ -90,7 +162,16 @@ def resolve_sensitivity(value: float | str) -> float:
     Raises:
         ValueError: for an unknown name, a number outside ``[1, 2]`` (with the reason), or a
             value that is neither a name nor a real number (a bool or a tensor, say).
+
+    Warns:
+        PaperConventionWarning: once per value below 2 in a process (what it assumes).
     """
+    sens = _resolve(value)
+    _warn_below_replace_one(sens)
+    return sens
+
+
+def _resolve(value: float | str) -> float:
     low, high = SENSITIVITY_RANGE
     if isinstance(value, str):
         if value not in SENSITIVITIES:
@@ -181,22 +262,30 @@ class Protocol:
 
     @property
     def methods(self) -> tuple[str, ...]:
-        """Methods of the analysis, the default (tightest) first."""
+        """Methods of the analysis, the default (the tightest sound one, ``pld``) first."""
         return self.analysis.method_names
+
+    @property
+    def fallback(self) -> str | None:
+        """The Rényi bound the default falls back to where ``pld`` is beyond the work limits."""
+        return self.analysis.fallback
 
     @property
     def references(self) -> tuple[str, ...]:
         """Reference curves of the analysis (``no-shuffle``, ``central``)."""
         return tuple(self.analysis.references)
 
-    def check_method(self, method: str | None) -> str:
-        """Return ``method`` (or the default) if the protocol's analysis offers it.
+    def check_method(self, method: str | None) -> str | None:
+        """Return ``method`` if the protocol's analysis offers it; ``None`` stays ``None``.
+
+        ``None`` means the default: ``pld`` (the tightest sound method) where the work limits
+        allow it, else :attr:`fallback`; the results say which was used.
 
         Raises:
-            ValueError: otherwise.
+            ValueError: for a method the analysis does not offer.
         """
         if method is None:
-            return self.analysis.default_method
+            return None
         if method not in self.methods:
             raise ValueError(
                 f"method must be one of {', '.join(self.methods)} for the {self.name} protocol. "

@@ -63,6 +63,13 @@ REGIME_NOTES: dict[str, tuple[str, str]] = {
 }
 
 
+#: The footnote of the ``lower`` column.
+LOWER_NOTE = (
+    "lower: the optimistic estimate of the same pair (pld: a fixed orientation, losses rounded "
+    "down; clones: the method's lower end); the pair's exact epsilon lies in [lower, epsilon]"
+)
+
+
 def _note_cell(result: AccountingResult) -> str:
     parts = [REGIME_NOTES[result.regime][0]] if result.regime in REGIME_NOTES else []
     if result.note and result.finite:
@@ -96,12 +103,15 @@ def table(results: Sequence[AccountingResult]) -> str:
         names.extend(k for k in r.parameters if k not in names)
     rdp = any(r.kind == "rdp" for r in results)
     notes = any(_note_cell(r) for r in results)
+    lower = any(r.epsilon_lower is not None for r in results)
     headers = ["mechanism", "method", *names, "steps", "delta", "epsilon"]
-    headers += ["order"] * rdp + ["note"] * notes
+    headers += ["lower"] * lower + ["order"] * rdp + ["note"] * notes
     body = []
     for r in results:
         row = [r.mechanism, r.method, *(fmt(r.parameters.get(k)) for k in names)]
         row += [str(r.steps), fmt(r.delta), _epsilon_cell(r)]
+        if lower:
+            row.append("-" if r.epsilon_lower is None else f"{r.epsilon_lower:.6f}")
         if rdp:
             row.append("-" if r.order is None else f"{r.order}{' (cap)' if r.at_cap else ''}")
         if notes:
@@ -109,16 +119,20 @@ def table(results: Sequence[AccountingResult]) -> str:
         body.append(row)
     footers: list[str] = []
     for r in results:
-        line = f"neighbouring: {r.neighbouring}; unit of privacy: one user; {r.accounting}"
+        lines = [f"neighbouring: {r.neighbouring}; unit of privacy: one user; {r.accounting}"]
         if "tail" in r.extra:
-            line += f"; left-out mass (budget {r.extra['tail']:.3g} per round) added to delta"
-        if line not in footers:
-            footers.append(line)
+            lines[0] += f"; left-out mass (budget {r.extra['tail']:.3g} per round) added to delta"
+        if r.sensitivity:
+            lines.append(f"sensitivity: {r.sensitivity}")
+        lines += [f"assumes: {a}" for a in r.assumptions]
+        footers.extend(line for line in lines if line not in footers)
     marks = [
         footnote.format(share=CONVERSION_SHARE, threshold=NO_PRIVACY_EPSILON)
         for regime, (_, footnote) in REGIME_NOTES.items()
         if any(r.regime == regime for r in results)
     ]
+    if lower:
+        marks.append(LOWER_NOTE)
     return "\n".join([grid(headers, body), *marks, *footers])
 
 
@@ -134,15 +148,23 @@ def json_lines(results: Sequence[AccountingResult]) -> str:
 
 
 def calibration_text(row: Mapping[str, Any]) -> str:
-    """Return the three-line summary of a noise calibration (``shuffle-opacus calibrate``)."""
-    return "\n".join(
-        [
-            f"noise_multiplier  {row['noise_multiplier']:.6g}  (local sigma: each client's noise "
-            "std / C)",
-            f"epsilon           {row['epsilon']:.6f} <= {row['target_epsilon']:g} at "
-            f"delta={row['delta']:g}",
-            f"setting           {row['protocol']}, n={row['n']}, rate={row['rate']:g}, "
-            f"rounds={row['rounds']}, sensitivity={row['sensitivity']:g} C, "
-            f"method={row['method']}",
-        ]
-    )
+    """Return the summary of a noise calibration (``shuffle-opacus calibrate``).
+
+    Three lines (the noise multiplier, its epsilon, the setting), then the neighbouring relation,
+    the sensitivity convention and one line per assumption.
+    """
+    lines = [
+        f"noise_multiplier  {row['noise_multiplier']:.6g}  (local sigma: each client's noise "
+        "std / C; give it to account as --noise-multiplier)",
+        f"epsilon           {row['epsilon']:.6f} <= {row['target_epsilon']:g} at "
+        f"delta={row['delta']:g}",
+        f"setting           {row['protocol']}, n={row['n']}, rate={row['rate']:g}, "
+        f"rounds={row['rounds']}, sensitivity={row['sensitivity']:g} C, "
+        f"method={row['method']}",
+    ]
+    if "neighbouring" in row:
+        lines.append(f"neighbouring      {row['neighbouring']}; unit of privacy: one client")
+    if "sensitivity_convention" in row:
+        lines.append(f"sensitivity       {row['sensitivity_convention']}")
+    lines += [f"assumes           {a}" for a in row.get("assumptions", ())]
+    return "\n".join(lines)

@@ -66,12 +66,16 @@ class ShuffleRoundSampler(Sampler[list[int]], abc.ABC):
         n: Number of clients (dataset size).
         rounds: Number of rounds of one pass (what ``len`` of a fresh sampler gives).
         seed: The seed in use (drawn from the OS when ``None`` was passed; read it to reproduce).
+        seed_given: Whether the seed was given rather than drawn from the operating system's
+            entropy. The guarantee needs the rounds' participants to be unknown to the
+            adversary: with a given seed it holds only against whoever does not know the seed,
+            so such a run is a reproducible simulation.
         start_round: The round the first iteration starts at (0 unless resuming).
     """
 
     protocol: str = ""
     #: Attributes that are fixed once the sampler is built.
-    _FIXED: tuple[str, ...] = ("n", "rounds", "seed", "start_round")
+    _FIXED: tuple[str, ...] = ("n", "rounds", "seed", "seed_given", "start_round")
     # The round state, set only through object.__setattr__ (see __setattr__).
     _next_round: int
     _released: int
@@ -82,6 +86,7 @@ class ShuffleRoundSampler(Sampler[list[int]], abc.ABC):
         self.n = check_int("n", n, minimum=1)
         self.rounds = check_int("rounds", rounds, minimum=1)
         self.seed = _check_seed(seed)
+        self.seed_given = seed is not None
         self.start_round = check_int("start_round", start_round, minimum=0, maximum=MAX_ROUND)
         object.__setattr__(self, "_next_round", self.start_round)
         object.__setattr__(self, "_released", 0)

@@ -188,12 +188,14 @@ def test_configure_rejects_bad_values_atomically(name, kwargs, message):
 def test_checkin_default_is_the_tightest_method():
     acc = configured("shuffled_checkin")
     acc.history = [(5.0, 0.1, 200)]
-    eps = {}
-    for method in ("exact", "sum", "theorem3"):
-        acc.method = method
-        eps[method] = acc.get_epsilon(1e-5)
-    assert create_accountant("shuffled_checkin").method == "exact"
-    assert eps["exact"] == min(eps.values())
+    eps = {method: acc.get_epsilon(1e-5, method=method) for method in ("exact", "sum", "theorem3")}
+    assert create_accountant("shuffled_checkin").method is None  # the default
+    default = acc.epsilon_result(1e-5)
+    assert default.method == "pld" and default.note is None
+    assert acc.get_epsilon(1e-5) == default.epsilon == acc.get_epsilon(1e-5, method="pld")
+    assert default.epsilon < eps["exact"] == min(eps.values())
+    with pytest.raises(ValueError, match="method must be one of pld, exact, sum, theorem3"):
+        acc.get_epsilon(1e-5, method="theorem1")
 
 
 def test_unexpected_keyword_arguments_are_rejected():
@@ -250,9 +252,9 @@ def test_load_refuses_to_switch_the_method_silently():
     source = configured("shuffled_checkin", method="theorem3")
     source.history = [(2.0, 0.05, 10)]
     target = configured("shuffled_checkin")
-    with pytest.raises(ValueError, match="with method 'theorem3'.*configured with 'exact'"):
+    with pytest.raises(ValueError, match="with method 'theorem3'.*configured with the default"):
         target.load_state_dict(source.state_dict())
-    assert target.method == "exact" and target.history == []
+    assert target.method is None and target.history == []
     target.configure(**CONFIG["shuffled_checkin"], method="theorem3")  # explicit
     target.load_state_dict(source.state_dict())
     assert target.get_epsilon(1e-5) == source.get_epsilon(1e-5)

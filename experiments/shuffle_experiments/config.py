@@ -86,8 +86,8 @@ BASELINES: dict[str, tuple[str, ...]] = {"clones": ("checkin", "full")}
 def curve_names(protocol: str) -> tuple[str, ...]:
     """Return the curves a run of ``protocol`` can report (see :mod:`.curves`).
 
-    ``exact`` (the protocol's default method), every method and reference curve of its
-    analysis, and the baselines that exist for it.
+    ``exact`` (the protocol's Rényi bound), every method (``pld`` first, the accountant's
+    default) and reference curve of its analysis, and the baselines that exist for it.
     """
     spec = get_protocol(protocol)
     baselines = tuple(b for b, kinds in BASELINES.items() if spec.name in kinds)
@@ -168,7 +168,7 @@ class PrivacyConfig(_Section):
     sensitivity: float | Literal["replace-one", "paper"] = "replace-one"
     delta: float = Field(default=1e-5, gt=0, lt=1, allow_inf_nan=False)
     accountants: list[Annotated[str, AfterValidator(_known_curve)]] = Field(
-        default_factory=lambda: ["exact", "theorem3", "no-shuffle", "central"], min_length=1
+        default_factory=lambda: ["pld", "exact", "theorem3", "no-shuffle", "central"], min_length=1
     )
     noise_mode: Literal["sum", "per_client"] = "sum"
 

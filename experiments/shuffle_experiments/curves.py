@@ -2,16 +2,24 @@
 
 Every curve is computed by the library, from the run's history, by the same call the Opacus
 accountant makes: after ``t`` rounds the history is ``[(noise_multiplier, sample_rate, t)]`` and
-epsilon is :func:`shuffle_opacus.history_epsilon` of it (RDP of every round summed, then Lemma 2
-of Liew & Takahashi minimised over integer orders). A curve depends only on the config, never on
-which clients happened to check in, so a resumed run reproduces it exactly.
+epsilon is :func:`shuffle_opacus.history_epsilon` of it. A curve depends only on the config,
+never on which clients happened to check in, so a resumed run reproduces it exactly.
+
+The run's guarantee (:meth:`EpsilonCurves.guarantee`) is what the accountant reports: the
+tightest sound method, ``pld``, where the work limits allow it, else the Rényi bound ``exact``.
 
 Curves (``privacy.accountants`` in the config); the analysis sigma is the local noise multiplier
 divided by ``privacy.sensitivity`` (:func:`shuffle_opacus.analysis_sigma`):
 
+``pld``
+    The privacy loss distribution of the symmetrised Theorem 1 pair
+    (:mod:`shuffle_opacus.analysis.pld.rounds`), composed over the rounds: the tight
+    ``(eps, delta)``, the accountant's default. Evaluated every round (the per-round PMF and its
+    spectrum are kept, so a round costs one inverse FFT).
 ``exact``
-    The protocol's default (tightest) method: the exact check-in bound for ``checkin``,
-    Theorem 1 for ``full``, Theorem 2 for ``subsampled``; the number the accountant reports.
+    The protocol's Rényi bound: the exact check-in bound for ``checkin``, Theorem 1 for
+    ``full``, Theorem 2 for ``subsampled`` (RDP composed, Lemma 2); the default's fallback and a
+    cross-check.
 any other method of the protocol
     ``sum`` and ``theorem3`` for check-in (the latter relies on the paper's Conjecture 1),
     ``corollary1`` for ``full``: that method of the protocol's analysis.
@@ -19,10 +27,6 @@ any other method of the protocol
     The reference curves of the analysis (:data:`shuffle_opacus.analysis.MECHANISM_TABLE`):
     Corollary 1 in place of Theorem 1 (no amplification by shuffling), and a trusted server
     adding the same total noise to the sum (a reference, not a guarantee of the protocol).
-``pld``
-    The protocol's privacy-loss-distribution method: the tight ``(eps, delta)`` of Theorem 1's
-    pair (:mod:`shuffle_opacus.analysis.pld.gaussian`), composed over the rounds. Like
-    ``clones`` it is evaluated only at the evaluation rounds and the last round.
 ``clones``
     The approximate-DP baseline of :mod:`shuffle_opacus.analysis.approximate.baselines`: each
     round by the clones method for Gaussian reports (Feldman, McMillan & Talwar, *Hiding Among
@@ -41,7 +45,7 @@ import math
 import warnings
 
 from shuffle_opacus import analysis_sigma, get_protocol, history_epsilon
-from shuffle_opacus.analysis import OrderCapWarning
+from shuffle_opacus.analysis import EpsilonResult, OrderCapWarning
 from shuffle_opacus.analysis.approximate.baselines import (
     RoundProfile,
     composed_epsilon,
@@ -54,7 +58,7 @@ __all__ = ["CURVE_LABELS", "SPARSE_CURVES", "EpsilonCurves"]
 
 #: Legend labels of the curves (a method without a label is shown by its name).
 CURVE_LABELS: dict[str, str] = {
-    "exact": "shuffle, exact (this package)",
+    "exact": "shuffle, Rényi bound (this package)",
     "sum": "shuffle, binomial sum (Eq. 17)",
     "theorem3": "shuffle, Theorem 3 (paper)",
     "corollary1": "shuffle, Corollary 1",
@@ -64,9 +68,8 @@ CURVE_LABELS: dict[str, str] = {
     "pld": "shuffle, privacy loss distribution (this package)",
 }
 
-#: Curves too slow to evaluate every round (see :meth:`EpsilonCurves.row`): the baselines and
-#: the privacy-loss-distribution methods (each evaluation composes the rounds' PLDs).
-SPARSE_CURVES: frozenset[str] = frozenset({*BASELINES, "pld"})
+#: Curves too slow to evaluate every round (see :meth:`EpsilonCurves.row`): the baselines.
+SPARSE_CURVES: frozenset[str] = frozenset(BASELINES)
 
 
 class EpsilonCurves:
@@ -90,6 +93,7 @@ class EpsilonCurves:
             sample_size=config.protocol.sample_size,
         )
         self._profiles: dict[str, RoundProfile] = {}
+        self._last: tuple[tuple[int, str | None, str | None, bool], EpsilonResult] | None = None
         allowed = curve_names(self.protocol.name)
         for name in self.names:
             if name not in allowed:
@@ -113,19 +117,50 @@ class EpsilonCurves:
         if name in self._profiles:
             return composed_epsilon(self._profiles[name], steps=rounds, delta=self.delta)
         reference = name if name in self.protocol.references else None
-        method = None if reference is not None or name == "exact" else name
+        method = None if reference is not None else name
+        if name == "exact":
+            method = self.protocol.fallback
+        return self._history(rounds, method=method, reference=reference).epsilon
+
+    def guarantee(self, rounds: int, *, lower: bool = False) -> EpsilonResult:
+        """Epsilon after ``rounds`` rounds by the accountant's default method.
+
+        ``pld`` where the work limits allow it, else the Rényi bound (the result's ``method``
+        and ``note`` say which): the number ``engine.get_epsilon`` gives.
+
+        Args:
+            rounds: Rounds completed.
+            lower: Also compute the optimistic estimate of a ``pld`` result.
+        """
+        return self._history(rounds, method=None, lower=lower)
+
+    def _history(
+        self,
+        rounds: int,
+        *,
+        method: str | None,
+        reference: str | None = None,
+        lower: bool = False,
+    ) -> EpsilonResult:
+        key = (rounds, method, reference, lower)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
         with warnings.catch_warnings():
             # At the order limit the value is still a valid (looser) upper bound.
             warnings.simplefilter("ignore", OrderCapWarning)
-            return history_epsilon(
-                [(self.noise_multiplier, self.sample_rate, rounds)],
+            history = [(self.noise_multiplier, self.sample_rate, rounds)] if rounds > 0 else []
+            result = history_epsilon(
+                history,
                 protocol=self.protocol,
                 delta=self.delta,
                 population=self.population,
                 sensitivity=self.sensitivity,
                 method=method,
                 reference=reference,
-            ).epsilon
+                lower=lower,
+            )
+        self._last = (key, result)
+        return result
 
     def row(self, rounds: int, *, sparse: bool = True) -> dict[str, float | None]:
         """Return ``{name: epsilon}`` after ``rounds`` rounds for every configured curve.

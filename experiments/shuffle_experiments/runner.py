@@ -87,6 +87,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import shuffle_opacus
 from shuffle_opacus import get_protocol
+from shuffle_opacus.analysis.limits import PldRangeError
 from shuffle_opacus.clients import (
     FederatedTrainer,
     dirichlet_partition,
@@ -94,6 +95,7 @@ from shuffle_opacus.clients import (
     make_private_clients,
     shard_partition,
 )
+from shuffle_opacus.protocols import sensitivity_assumptions, sensitivity_label
 
 from .config import ClientsConfig, ConfigError, ExperimentConfig, load_config, validate
 from .curves import CURVE_LABELS, SPARSE_CURVES, EpsilonCurves
@@ -140,6 +142,9 @@ class RunResult:
         seconds: Wall time spent training, summed over resumed sessions.
         mean_participants: Mean number of reports per round.
         plots: Files written by the plots.
+        guarantee: What the run may claim (:func:`guarantee_record`): the accountant's epsilon
+            and method, its optimistic estimate, the neighbouring relation, the sensitivity
+            convention, the assumptions and how the seed was chosen.
     """
 
     run_dir: Path
@@ -151,6 +156,7 @@ class RunResult:
     seconds: float
     mean_participants: float
     plots: list[Path] = field(default_factory=list)
+    guarantee: dict[str, Any] = field(default_factory=dict)
 
     @property
     def seconds_per_round(self) -> float:
@@ -916,6 +922,7 @@ def _train(
         _check_history(session, start, f"checkpoint {run_dir / CHECKPOINT_FILE}")
     seconds = float(state["seconds"]) if state is not None else 0.0
     participants_total = int(state["participants"]) if state is not None else 0
+    _check_curves(session)
     columns = _metric_columns(config)
     metrics_path = run_dir / METRICS_FILE
     # Every check has passed once the rows are read; only then is anything written.
@@ -1011,6 +1018,7 @@ def _train(
             from .plots import plot_run
 
             partial.plots = plot_run(run_dir)
+            partial.guarantee = guarantee_record(config, session.curves, done)
         raise RunInterrupted(partial)
     if done != rounds and (stop_after is None or done < stop_after):
         # Only reachable if the sampler produced fewer rounds than configured.
@@ -1029,9 +1037,71 @@ def _train(
         from .plots import plot_run
 
         _check_accountant(session, done)  # before the summary and the plots are written
+        result.guarantee = guarantee_record(config, session.curves, done)
         result.plots = plot_run(run_dir)
         (run_dir / SUMMARY_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     return result
+
+
+def guarantee_record(
+    config: ExperimentConfig, curves: EpsilonCurves, rounds: int
+) -> dict[str, Any]:
+    """Return what a run of ``rounds`` rounds may claim (for the summary and summary.json).
+
+    Args:
+        config: The run's config.
+        curves: Its epsilon curves.
+        rounds: Rounds released.
+
+    Returns:
+        ``epsilon`` (the accountant's default: ``pld`` where the work limits allow it, else the
+        Rényi bound), ``method``, ``epsilon_lower`` (the optimistic estimate of a ``pld``
+        result), ``note``, ``delta``, ``neighbouring``, ``unit``, ``sensitivity``,
+        ``assumptions`` and ``seed``.
+    """
+    result = curves.guarantee(rounds, lower=True) if rounds else None
+    protocol = curves.protocol
+    assumptions = [
+        *protocol.analysis.assumptions,
+        *sensitivity_assumptions(config.privacy.sensitivity),
+    ]
+    return {
+        "epsilon": result.epsilon if result is not None else 0.0,
+        "method": result.method if result is not None else None,
+        "epsilon_lower": result.epsilon_lower if result is not None else None,
+        "note": result.note if result is not None else None,
+        "delta": config.privacy.delta,
+        "neighbouring": protocol.analysis.neighbouring,
+        "unit": "one client" if config.clients is None else "one client (all its examples)",
+        "sensitivity": sensitivity_label(config.privacy.sensitivity),
+        "assumptions": assumptions,
+        "seed": (
+            f"{config.seed}, given: a reproducible simulation. Whoever knows the seed knows "
+            f"every round's participants, and the guarantee does not hold against them; a "
+            f"deployment draws its coins from the operating system's entropy"
+        ),
+    }
+
+
+def _check_curves(session: _Session) -> None:
+    """Check, before anything is written, that every configured curve can be evaluated.
+
+    The per-round PMF of ``pld`` is built here (once per process), at the planned last round.
+
+    Raises:
+        ConfigError: one line naming ``privacy.accountants`` when ``pld`` cannot evaluate the
+            setting.
+    """
+    rounds = session.config.training.rounds
+    if "pld" not in session.curves.names:
+        return
+    try:
+        session.curves.epsilon("pld", rounds)
+    except PldRangeError as exc:
+        raise ConfigError(
+            f"privacy.accountants: pld cannot evaluate this setting ({str(exc).rstrip('.')}); "
+            f"remove it (the exact curve is the Rényi bound)"
+        ) from None
 
 
 def _check_history(session: _Session, rounds: int, where: str) -> None:
@@ -1057,20 +1127,22 @@ def _check_history(session: _Session, rounds: int, where: str) -> None:
 
 
 def _check_accountant(session: _Session, rounds: int) -> None:
-    """Check that the Opacus accountant and the ``exact`` curve give the same epsilon.
+    """Check that the Opacus accountant and the curve of its method give the same epsilon.
 
     Raises:
         ConfigError: one line, if they differ.
     """
     _check_history(session, rounds, "at the end of the run")
-    if "exact" not in session.curves.names:
+    delta = session.config.privacy.delta
+    theirs = session.engine.accountant.epsilon_result(delta)
+    curve = "pld" if theirs.method == "pld" else "exact"
+    if curve not in session.curves.names:
         return
-    ours = session.curves.epsilon("exact", rounds)
-    theirs = session.engine.get_epsilon(delta=session.config.privacy.delta)
-    if not math.isclose(ours, theirs, rel_tol=1e-9, abs_tol=1e-12):
+    ours = session.curves.epsilon(curve, rounds)
+    if not math.isclose(ours, theirs.epsilon, rel_tol=1e-9, abs_tol=1e-12):
         raise ConfigError(
-            f"the accountant's epsilon {theirs} differs from the exact curve's {ours}; no "
-            f"summary or plot was written"
+            f"the accountant's epsilon {theirs.epsilon} ({theirs.method}) differs from the "
+            f"{curve} curve's {ours}; no summary or plot was written"
         )
 
 
@@ -1183,6 +1255,19 @@ def summary_table(result: RunResult) -> str:
     ]
     if result.test_accuracy is not None:
         lines.append(f"test accuracy   {result.test_accuracy:.2%}")
+    g = result.guarantee
+    if g:
+        lower = g.get("epsilon_lower")
+        bracket = f"; optimistic estimate {lower:.6g}" if lower is not None else ""
+        lines.append(
+            f"epsilon         {g['epsilon']:.6g} at delta={g['delta']:g} ({g['method']}{bracket})"
+        )
+        lines.append(f"guarantee       {g['neighbouring']}, unit of privacy: {g['unit']}")
+        lines.append(f"sensitivity     {g['sensitivity']}")
+        lines.extend(f"assumes         {a}" for a in g["assumptions"])
+        lines.append(f"seed            {g['seed']}")
+        if g.get("note"):
+            lines.append(f"note            {g['note']}")
     lines.append("")
     width = max(len(CURVE_LABELS[name]) for name in result.epsilon)
     lines.append(f"{'accountant'.ljust(width)}  epsilon at delta={result.delta:g}")

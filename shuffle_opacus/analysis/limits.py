@@ -38,6 +38,7 @@ __all__ = [
     "CLI_MAX_SECONDS",
     "API_MAX_SECONDS",
     "WorkLimitError",
+    "PldRangeError",
     "rdp_stage_seconds",
     "account_seconds",
     "calibrate_seconds",
@@ -48,6 +49,8 @@ __all__ = [
     "check_calibrate_budget",
     "observe",
     "report_progress",
+    "remaining_budget",
+    "shuffle_pld_seconds",
 ]
 
 MAX_ORDER = 1 << 15
@@ -100,6 +103,14 @@ _AUTO_START, _AUTO_LIMIT = 64, 4096
 
 class WorkLimitError(ValueError):
     """A request whose estimated cost exceeds the budget (a one-line ``ValueError``)."""
+
+
+class PldRangeError(ValueError):
+    """A valid setting the shuffle Gaussian's ``pld`` engines cannot evaluate.
+
+    Raised for an analysis sigma below the method's floor, or one so small that the lattice or
+    the loss grid would exceed its size limit; a Rényi-DP method still bounds such a setting.
+    """
 
 
 # --- Rényi-DP methods --------------------------------------------------------------------------
@@ -223,6 +234,20 @@ def _shuffle_pld_seconds(n: int, sigma: float) -> float:
     return 0.2 + PLD_LATTICE_SECONDS * math.sqrt(n) / min(sigma, 1.0) ** 2
 
 
+def shuffle_pld_seconds(settings: list[tuple[int, float]], steps: int) -> float:
+    """Estimated seconds of the shuffle Gaussian's ``pld`` for distinct round settings.
+
+    Args:
+        settings: ``(reports per round, sigma)`` of each distinct setting.
+        steps: Rounds composed in all.
+
+    Returns:
+        The estimate (one pair per setting, then the composition).
+    """
+    pairs = sum(_shuffle_pld_seconds(users, sigma) for users, sigma in settings)
+    return BASE_SECONDS + pairs + _pld_compose_seconds([steps])
+
+
 def account_seconds(
     mechanism: str,
     values: Mapping[str, object],
@@ -280,21 +305,31 @@ def account_seconds(
             one = 1e-3
         composition = sum(points * KOV_ROUND_SECONDS * k for k in set(steps) if k > 1)
         return total + points * one + composition
-    chosen = method or {"shuffle": "theorem1", "subsampled": "theorem2", "checkin": "exact"}.get(
-        mechanism, "rdp"
-    )
-    if chosen == "pld":
-        users = int(m) if m is not None else n  # type: ignore[call-overload]
-        return total + _shuffle_pld_seconds(users, float(sigma)) + _pld_compose_seconds(steps)  # type: ignore[arg-type]
+    fallback = {"shuffle": "theorem1", "subsampled": "theorem2", "checkin": "exact"}.get(mechanism)
     order = max_order if max_order is not None else _AUTO_START
-    return total + rdp_stage_seconds(
-        mechanism,
-        chosen,
-        order,
-        n=n,
-        m=int(m) if m is not None else None,  # type: ignore[call-overload]
-        rate=float(rate) if rate is not None else None,  # type: ignore[arg-type]
-    )
+
+    def rdp(name: str) -> float:
+        return total + rdp_stage_seconds(
+            mechanism,
+            name,
+            order,
+            n=n,
+            m=int(m) if m is not None else None,  # type: ignore[call-overload]
+            rate=float(rate) if rate is not None else None,  # type: ignore[arg-type]
+        )
+
+    if fallback is None:
+        return rdp(method or "rdp")
+    users = int(m) if m is not None else n  # type: ignore[call-overload]
+    pld = total + _shuffle_pld_seconds(users, float(sigma)) + _pld_compose_seconds(steps)  # type: ignore[arg-type]
+    if method == "pld":
+        return pld
+    if method is not None:
+        return rdp(method)
+    # The default: pld where affordable, else its Rényi fallback (an order cap selects it).
+    if max_order is not None or float(sigma) < 0.05:  # type: ignore[arg-type]
+        return rdp(fallback)
+    return min(pld, rdp(fallback))
 
 
 def _calibrate_drivers(method: str) -> tuple[str, ...]:
@@ -501,6 +536,12 @@ def work_budget(seconds: float | None) -> Iterator[None]:
         _ACTIVE.reset(token)
         if outer is not None and inner is not None:
             outer.spent += inner.spent
+
+
+def remaining_budget() -> float | None:
+    """Seconds left in the active budget (:func:`work_budget`), or ``None`` without one."""
+    budget = _ACTIVE.get()
+    return None if budget is None else budget.limit - budget.spent
 
 
 def charge(seconds: float, refuse: Callable[[float, float], str]) -> None:

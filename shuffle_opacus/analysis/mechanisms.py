@@ -8,16 +8,22 @@ mechanism means adding one :class:`Method` entry here.
 ==========================  ===============================  ================================
 mechanism                   parameters                       methods (first is the default)
 ==========================  ===============================  ================================
-``shuffle``                 ``n``, ``sigma``                 ``theorem1``, ``corollary1``
-``subsampled``              ``n``, ``m``, ``sigma``          ``theorem2``
-``checkin``                 ``n``, ``rate``, ``sigma``       ``exact``, ``sum``, ``theorem3``
+``shuffle``                 ``n``, ``sigma``                 ``pld``, ``theorem1``,
+                                                             ``corollary1``
+``subsampled``              ``n``, ``m``, ``sigma``          ``pld``, ``theorem2``
+``checkin``                 ``n``, ``rate``, ``sigma``       ``pld``, ``exact``, ``sum``,
+                                                             ``theorem3``
 ``gaussian``                ``sigma``                        ``rdp``
 ``subsampled-gaussian``     ``rate``, ``sigma``              ``rdp``
 ==========================  ===============================  ================================
 
-Methods are upper bounds on the Rényi DP of one round of the mechanism (the references of each
-method are in its docstring and in ``docs/maths.md``). The shuffle mechanisms also carry two
-*references*, which are comparison curves and not guarantees of the shuffle protocol:
+The default of the shuffle mechanisms is ``pld``, the tightest sound method: the privacy loss
+distribution of the symmetrised Theorem 1 pair (:mod:`.pld.rounds`). Where its estimated cost
+exceeds the work limits (or the pair's engines cannot evaluate the setting) the default falls
+back to the mechanism's Rényi bound (``fallback``), and the result says so in its note. The
+other methods are upper bounds on the Rényi DP of one round (references in their docstrings and
+in ``docs/maths.md``). The shuffle mechanisms also carry two *references*, which are comparison
+curves and not guarantees of the shuffle protocol:
 
 ``no-shuffle``
     Corollary 1 of Liew & Takahashi in place of Theorem 1 (no amplification by shuffling):
@@ -32,8 +38,10 @@ method are in its docstring and in ``docs/maths.md``). The shuffle mechanisms al
 Units: for the shuffle mechanisms ``sigma`` is the paper's sigma (per-user noise standard
 deviation divided by the L2 distance of the differing user's two inputs); for the two central
 mechanisms it is the noise on the released sum divided by the sensitivity of the sum. The
-neighbouring relation of the shuffle mechanisms is replace-one with the other users at a common
-value (Theorem 1's pair); the unit of privacy is one user.
+neighbouring relation of the shuffle mechanisms is replace-one (the unit of privacy is one user);
+their guarantees assume that Theorem 1's pair (the other users at a common value) is the worst
+case, which is numerical evidence (docs/maths.md), and that the sampling and the shuffle are
+secret (:attr:`Mechanism.assumptions`).
 """
 
 from __future__ import annotations
@@ -48,19 +56,29 @@ import numpy as np
 
 from ._lazy import lazy_function
 from ._validation import check_delta, check_int, check_probability, check_sigma
-from .limits import MAX_ORDER, charge, largest_within, rdp_stage_seconds, report_progress
+from .limits import (
+    API_MAX_SECONDS,
+    MAX_ORDER,
+    PldRangeError,
+    charge,
+    largest_within,
+    rdp_stage_seconds,
+    remaining_budget,
+    report_progress,
+    shuffle_pld_seconds,
+)
 from .rdp.conversion import EpsilonResult, epsilon_from_rdp
 from .results import PLD_ACCOUNTING_SYMMETRISED, AccountingResult
 
 if TYPE_CHECKING:
-    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+    from .pld.rounds import PldEstimate
 
 # The maths behind the table, imported when first used (the table itself stays light).
 _A = "shuffle_opacus.analysis."
-compose_plds = lazy_function(_A + "pld.common", "compose_plds")
 pld_discretization = lazy_function(_A + "pld.gaussian", "pld_discretization")
 pld_tail = lazy_function(_A + "pld.gaussian", "pld_tail")
-shuffle_gaussian_pld = lazy_function(_A + "pld.gaussian", "shuffle_gaussian_pld")
+shuffle_rounds_epsilon = lazy_function(_A + "pld.rounds", "shuffle_rounds_epsilon")
+shuffle_round = lazy_function(_A + "pld.rounds", "ShuffleRound")
 gaussian_rdp = lazy_function(_A + "rdp.central", "gaussian_rdp")
 poisson_subsampled_gaussian_rdp = lazy_function(
     _A + "rdp.central", "poisson_subsampled_gaussian_rdp"
@@ -84,6 +102,7 @@ __all__ = [
     "per_step_rdp",
     "rounds_epsilon",
     "compute_epsilon",
+    "SHUFFLE_ASSUMPTIONS",
 ]
 
 RdpFn = Callable[[np.ndarray], np.ndarray]
@@ -121,21 +140,19 @@ class Method:
         name: The method's name (``--method`` of the ``account`` command).
         step_rdp: ``setting -> (orders -> per-round RDP)`` (Rényi-DP methods).
         summary: One line saying what the bound is and what it assumes.
-        step_pld: ``(setting, discretization, tail) -> PrivacyLossDistribution`` of one round
-            (privacy-loss-distribution methods), and ``setting -> default discretization`` as
-            ``pld_grid``.
+        pld: ``(rounds, delta, lower) -> PldEstimate`` of composed ``(setting, steps)`` rounds
+            (privacy-loss-distribution methods; ``lower`` asks for the optimistic estimate too).
     """
 
     name: str
     step_rdp: Callable[[RoundSetting], RdpFn] | None
     summary: str
-    step_pld: Callable[[RoundSetting, float, float], PrivacyLossDistribution] | None = None
-    pld_grid: Callable[[RoundSetting], float] | None = None
+    pld: Callable[[Sequence[tuple[RoundSetting, int]], float, bool], PldEstimate] | None = None
 
     @property
     def kind(self) -> str:
         """``rdp`` or ``pld``."""
-        return "pld" if self.step_pld is not None else "rdp"
+        return "pld" if self.pld is not None else "rdp"
 
 
 @dataclass(frozen=True)
@@ -145,9 +162,12 @@ class Mechanism:
     Attributes:
         name: The mechanism's name (``shuffle-opacus account NAME``).
         parameters: The parameters it requires, among ``n``, ``m``, ``rate`` and ``sigma``.
-        methods: Upper bounds on its RDP per round; the first is the default and the tightest.
+        methods: Its methods; the first is the default, the tightest sound one.
         neighbouring: The neighbouring relation of its guarantees.
         references: Comparison curves by name (``no-shuffle``, ``central``); not guarantees.
+        fallback: The method the default falls back to where the default's estimated cost
+            exceeds the work limits, or ``None`` (the default is always used).
+        assumptions: What its guarantees rest on besides the neighbouring relation.
     """
 
     name: str
@@ -155,6 +175,8 @@ class Mechanism:
     methods: tuple[Method, ...]
     neighbouring: str
     references: Mapping[str, Callable[[RoundSetting], RdpFn]]
+    fallback: str | None = None
+    assumptions: tuple[str, ...] = ()
 
     @property
     def method_names(self) -> tuple[str, ...]:
@@ -163,7 +185,7 @@ class Mechanism:
 
     @property
     def default_method(self) -> str:
-        """Name of the default (tightest) method."""
+        """Name of the default method (the tightest sound one; see :attr:`fallback`)."""
         return self.methods[0].name
 
     def method(self, name: str | None = None) -> Method:
@@ -285,29 +307,31 @@ def _one(_: RoundSetting) -> float:
     return 1.0
 
 
-def _pld_kwargs(s: RoundSetting) -> dict[str, object]:
+def _shuffle_pld(
+    rounds: Sequence[tuple[RoundSetting, int]], delta: float, lower: bool
+) -> PldEstimate:
     # For the shuffle mechanisms: rate for check-in, m for the subsampled shuffle.
-    return {"n": s.n, "sigma": s.sigma, "rate": s.rate, "m": s.m}
-
-
-def _shuffle_pld(s: RoundSetting, discretization: float, tail: float) -> PrivacyLossDistribution:
-    return shuffle_gaussian_pld(**_pld_kwargs(s), discretization=discretization, tail=tail)  # type: ignore[arg-type]
-
-
-def _shuffle_pld_grid(s: RoundSetting) -> float:
-    return pld_discretization(**_pld_kwargs(s))  # type: ignore[arg-type]
+    parts = [(shuffle_round(n=s.n, sigma=s.sigma, rate=s.rate, m=s.m), k) for s, k in rounds]
+    return shuffle_rounds_epsilon(parts, delta=delta, lower=lower)  # type: ignore[no-any-return]
 
 
 _PLD = Method(
     "pld",
     None,
-    "privacy loss distribution of Theorem 1's pair (tight (eps, delta), Koskela et al. style)",
-    _shuffle_pld,
-    _shuffle_pld_grid,
+    "privacy loss distribution of the symmetrised Theorem 1 pair (tight (eps, delta))",
+    pld=_shuffle_pld,
 )
 
+_REPLACE_ONE = "replace-one user"
 
-_SHUFFLE_PAIR = "replace-one user, other users at a common value (Theorem 1 pair)"
+SHUFFLE_ASSUMPTIONS: tuple[str, ...] = (
+    "Theorem 1's pair (the other users at a common value) is the worst case: numerical "
+    "evidence, docs/maths.md",
+    "the shuffle is secret: the server sees the reports only as an anonymous multiset",
+)
+"""What every guarantee of the shuffle mechanisms rests on besides replace-one adjacency."""
+
+_SECRET_SAMPLING = "the sampling coins are secret: no adversary knows which users report in a round"
 
 MECHANISM_TABLE: dict[str, Mechanism] = {
     m.name: m
@@ -316,43 +340,49 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
             name="shuffle",
             parameters=("n", "sigma"),
             methods=(
-                Method("theorem1", _theorem1, "Theorem 1 of Liew & Takahashi, exact"),
-                Method("corollary1", _corollary1, "Corollary 1: the Gaussian, no shuffling"),
                 _PLD,
+                Method("theorem1", _theorem1, "Theorem 1 of Liew & Takahashi, exact RDP"),
+                Method("corollary1", _corollary1, "Corollary 1: the Gaussian, no shuffling"),
             ),
-            neighbouring=_SHUFFLE_PAIR,
+            neighbouring=_REPLACE_ONE,
             references={
                 "no-shuffle": _corollary1,
                 "central": _gaussian(lambda s: math.sqrt(s.n)),  # type: ignore[arg-type]
             },
+            fallback="theorem1",
+            assumptions=SHUFFLE_ASSUMPTIONS,
         ),
         Mechanism(
             name="subsampled",
             parameters=("n", "m", "sigma"),
             methods=(
-                Method("theorem2", _theorem2, "Theorem 2: Wang et al. bound on Theorem 1"),
                 _PLD,
+                Method("theorem2", _theorem2, "Theorem 2: Wang et al. bound on Theorem 1 (RDP)"),
             ),
-            neighbouring=_SHUFFLE_PAIR,
+            neighbouring=_REPLACE_ONE,
             references={
                 "no-shuffle": _wang_gaussian(_one),
                 "central": _wang_gaussian(lambda s: math.sqrt(s.m)),  # type: ignore[arg-type]
             },
+            fallback="theorem2",
+            assumptions=(*SHUFFLE_ASSUMPTIONS, _SECRET_SAMPLING),
         ),
         Mechanism(
             name="checkin",
             parameters=("n", "rate", "sigma"),
             methods=(
-                Method("exact", _checkin("exact"), "exact binomial average of Theorem 1"),
+                _PLD,
+                Method("exact", _checkin("exact"), "exact binomial average of Theorem 1 (RDP)"),
                 Method("sum", _checkin("sum"), "the paper's Eq. 17 summed over the binomial"),
                 Method("theorem3", _checkin("theorem3"), "the paper's Theorem 3 (Conjecture 1)"),
-                _PLD,
             ),
-            neighbouring=_SHUFFLE_PAIR,
+            neighbouring=_REPLACE_ONE,
             references={
                 "no-shuffle": _poisson_gaussian(_one),
                 "central": _poisson_gaussian(lambda s: math.sqrt(s.rate * s.n)),  # type: ignore[operator]
             },
+            fallback="exact",
+            assumptions=(*SHUFFLE_ASSUMPTIONS, _SECRET_SAMPLING),
         ),
         Mechanism(
             name="gaussian",
@@ -477,26 +507,53 @@ def per_step_rdp(
     return chosen.step_rdp(mech.setting(sigma=sigma, n=n, m=m, rate=rate))
 
 
-def _pld_epsilon(
-    method: Method, parts: Sequence[tuple[RoundSetting, int]], delta: float
-) -> tuple[float, float, float]:
-    """Epsilon of the composed rounds' PLDs, with the grid step and per-round tail used.
+def _pld_affordable(mech: Mechanism, parts: Sequence[tuple[RoundSetting, int]]) -> str | None:
+    """Why the default ``pld`` cannot be used for these rounds, or ``None`` when it can."""
+    low = min(s.sigma for s, _ in parts)
+    if low < 0.05:
+        return f"the pld method needs sigma >= 0.05 (got {low:g})"
+    distinct = {(s.m if s.m is not None else int(s.n or 1), s.sigma) for s, _ in parts}
+    estimate = shuffle_pld_seconds(sorted(distinct), sum(k for _, k in parts))
+    remaining = remaining_budget()
+    limit = API_MAX_SECONDS if remaining is None else remaining
+    if estimate > limit:
+        return f"the pld method is estimated at {estimate:.3g} s, over the {limit:.3g} s left"
+    return None
 
-    The rounds share the finest default grid step of their settings; each round leaves out
-    :func:`~shuffle_opacus.analysis.pld.gaussian.pld_tail` of ``delta`` and the total rounds.
+
+def _fallback_note(mech: Mechanism, reason: str) -> str:
+    return f"{reason}; Rényi bound (method {mech.fallback}) instead"
+
+
+def _run_pld(
+    mech: Mechanism,
+    method: str | None,
+    parts: Sequence[tuple[RoundSetting, int]],
+    delta: float,
+    lower: bool,
+) -> tuple[PldEstimate | None, str | None]:
+    """Evaluate ``pld`` if it is the method asked for (or the affordable default).
+
+    Returns:
+        ``(estimate, None)`` when ``pld`` was used; ``(None, note)`` when the default falls back
+        to :attr:`Mechanism.fallback` (``note`` says why); ``(None, None)`` when another method
+        was asked for.
+
+    Raises:
+        ValueError: when ``pld`` was asked for by name and cannot evaluate the setting.
     """
-    assert method.step_pld is not None and method.pld_grid is not None
-    discretization = min(method.pld_grid(s) for s, _ in parts)
-    tail = pld_tail(delta, sum(k for _, k in parts))
-    merged: dict[RoundSetting, int] = {}  # rounds with one setting compose as one block
-    for setting, steps in parts:
-        merged[setting] = merged.get(setting, 0) + steps
-    plds = []
-    for setting, steps in merged.items():
-        one = method.step_pld(setting, discretization, tail)
-        plds.append(one if steps == 1 else one.self_compose(steps))
-    epsilon = max(0.0, float(compose_plds(plds=plds).get_epsilon_for_delta(delta)))
-    return epsilon, discretization, tail
+    chosen = mech.method(method)
+    if chosen.pld is None:
+        return None, None
+    if method is not None or mech.fallback is None:
+        return chosen.pld(parts, delta, lower), None
+    reason = _pld_affordable(mech, parts)
+    if reason is not None:
+        return None, _fallback_note(mech, reason)
+    try:
+        return chosen.pld(parts, delta, lower), None
+    except PldRangeError as exc:  # a setting the engines cannot hold: the Rényi bound can
+        return None, _fallback_note(mech, str(exc).rstrip("."))
 
 
 def rounds_epsilon(
@@ -507,14 +564,17 @@ def rounds_epsilon(
     method: str | None = None,
     reference: str | None = None,
     max_order: int | None = None,
+    lower: bool = False,
 ) -> EpsilonResult:
-    """Epsilon of a sequence of rounds: RDP of every round summed, then Lemma 2.
+    """Epsilon of a sequence of rounds, by the mechanism's default method or the one named.
 
-    Rounds with different settings compose by adding their RDP at each order (RDP composition,
-    Mironov 2017, Proposition 1); the order is then chosen by
-    :func:`~shuffle_opacus.analysis.epsilon_from_rdp`. Per-round RDP tables are cached, so
+    The default of the shuffle mechanisms is ``pld`` (the rounds' privacy loss distributions
+    composed, :mod:`.pld.rounds`), falling back to the Rényi bound where the work limits do not
+    allow it (the result's ``note`` says why). Rényi-DP methods add the rounds' RDP at each
+    order (Mironov 2017, Proposition 1) and convert by Lemma 2, the order chosen by
+    :func:`~shuffle_opacus.analysis.epsilon_from_rdp`. Per-round tables and PMFs are cached, so
     asking again after more rounds (an accountant's ``get_epsilon``, a curve evaluated every
-    round) costs only the conversion.
+    round) costs only the composition or the conversion.
 
     Args:
         mechanism: One of :data:`MECHANISMS`.
@@ -522,11 +582,12 @@ def rounds_epsilon(
         delta: Target delta in ``(0, 1)``.
         method: A method of the mechanism (the default when ``None``).
         reference: A reference curve instead of a method (``no-shuffle`` or ``central``).
-        max_order: Optional cap on the Rényi order.
+        max_order: Optional cap on the Rényi order (Rényi-DP methods, and the fallback).
+        lower: For ``pld``, also compute the optimistic estimate (``epsilon_lower``).
 
     Returns:
-        An :class:`~shuffle_opacus.analysis.EpsilonResult`; epsilon 0 at order 0 when there are
-        no rounds.
+        An :class:`~shuffle_opacus.analysis.EpsilonResult` with the method used; epsilon 0 at
+        order 0 when there are no rounds.
 
     Raises:
         ValueError: on an invalid argument.
@@ -537,25 +598,44 @@ def rounds_epsilon(
         raise ValueError(
             f"give a method or a reference, not both. Found {method!r}, {reference!r}."
         )
-    curve = mech.method(method).name if reference is None else reference
     if reference is not None:
         mech.reference(reference)
+    else:
+        mech.method(method)
     if max_order is not None:
         max_order = check_int("max_order", max_order, minimum=2, maximum=MAX_ORDER)
+        if method is not None and mech.method(method).kind == "pld":
+            raise ValueError("max_order applies to Rényi-DP methods, not to the pld method.")
     parts = [(s, check_int("steps", k, minimum=0)) for s, k in rounds]
     parts = [(s, k) for s, k in parts if k > 0]
+    named = reference is None and method is not None
     if not parts:
-        return EpsilonResult(epsilon=0.0, delta=delta, order=0, max_order=0, at_cap=False)
-    if reference is None and mech.method(method).kind == "pld":
-        if max_order is not None:
-            raise ValueError("max_order applies to Rényi-DP methods, not to the pld method.")
+        empty = mech.method(method).name if reference is None else None
+        if reference is None and method is None and mech.fallback and max_order is not None:
+            empty = mech.fallback
         return EpsilonResult(
-            epsilon=_pld_epsilon(mech.method(method), parts, delta)[0],
-            delta=delta,
-            order=0,
-            max_order=0,
-            at_cap=False,
+            epsilon=0.0, delta=delta, order=0, max_order=0, at_cap=False, method=empty
         )
+    note = None
+    if reference is None:
+        if method is None and max_order is not None and mech.fallback is not None:
+            # An order cap asks for a Rényi bound: the default's Rényi fallback.
+            curve: str = mech.fallback
+        else:
+            estimate, note = _run_pld(mech, method, parts, delta, lower)
+            if estimate is not None:
+                return EpsilonResult(
+                    epsilon=estimate.epsilon,
+                    delta=delta,
+                    order=0,
+                    max_order=0,
+                    at_cap=False,
+                    method="pld",
+                    epsilon_lower=estimate.epsilon_lower,
+                )
+            curve = mech.method(method).name if named or note is None else mech.fallback  # type: ignore[assignment]
+    else:
+        curve = reference
 
     def total(orders: np.ndarray) -> np.ndarray:
         top = max(2, int(orders[-1]))
@@ -564,7 +644,16 @@ def rounds_epsilon(
             out = out + steps * _step_table(mech.name, curve, setting, top)[orders - 2]
         return out
 
-    return epsilon_from_rdp(total, delta=delta, max_order=max_order)
+    res = epsilon_from_rdp(total, delta=delta, max_order=max_order)
+    return EpsilonResult(
+        epsilon=res.epsilon,
+        delta=delta,
+        order=res.order,
+        max_order=res.max_order,
+        at_cap=res.at_cap,
+        method=None if reference is not None else curve,
+        note=note,
+    )
 
 
 def compute_epsilon(
@@ -579,7 +668,12 @@ def compute_epsilon(
     method: str | None = None,
     max_order: int | None = None,
 ) -> AccountingResult:
-    """Epsilon of ``steps`` rounds of ``mechanism`` at ``delta`` (RDP composition + Lemma 2).
+    """Epsilon of ``steps`` rounds of ``mechanism`` at ``delta``, as a result record.
+
+    By the mechanism's default method (for the shuffle mechanisms ``pld``, which also reports
+    its optimistic estimate as ``epsilon_lower``, falling back to the Rényi bound with a note
+    where the work limits do not allow it) or the method named. Rényi-DP methods compose the
+    rounds' RDP and convert by Lemma 2.
 
     Args:
         mechanism: One of :data:`MECHANISMS`.
@@ -590,57 +684,59 @@ def compute_epsilon(
         m: Users per round (``subsampled``).
         rate: Check-in rate (``checkin``) or Poisson rate (``subsampled-gaussian``).
         method: Bound to use; the first entry of ``METHODS[mechanism]`` by default.
-        max_order: Cap on the Rényi order; by default the range grows until the optimum is
-            interior. A warning (:class:`~shuffle_opacus.analysis.OrderCapWarning`) is issued
-            when the optimum sits at the cap.
+        max_order: Cap on the Rényi order (Rényi-DP methods; with the default method of a
+            shuffle mechanism it selects the Rényi fallback). A warning
+            (:class:`~shuffle_opacus.analysis.OrderCapWarning`) is issued when the optimum sits
+            at the cap.
 
     Returns:
-        An :class:`~shuffle_opacus.analysis.AccountingResult` (``kind="rdp"``).
+        An :class:`~shuffle_opacus.analysis.AccountingResult` (``kind`` ``pld`` or ``rdp``).
 
     Raises:
         ValueError: on any invalid argument.
     """
     mech = get_mechanism(mechanism)
-    chosen = mech.method(method)
+    mech.method(method)
     setting = mech.setting(sigma=sigma, n=n, m=m, rate=rate)
     steps = check_int("steps", steps, minimum=1)
     delta = check_delta(delta)
-    if max_order is not None:
-        max_order = check_int("max_order", max_order, minimum=2, maximum=MAX_ORDER)
-    if chosen.kind == "pld":
-        if max_order is not None:
-            raise ValueError("max_order applies to Rényi-DP methods, not to the pld method.")
-        epsilon, discretization, tail = _pld_epsilon(chosen, [(setting, steps)], delta)
+    res = rounds_epsilon(
+        mech.name, [(setting, steps)], delta=delta, method=method, max_order=max_order, lower=True
+    )
+    common = {
+        "mechanism": mech.name,
+        "epsilon": res.epsilon,
+        "delta": delta,
+        "steps": steps,
+        "parameters": setting.as_dict(),
+        "neighbouring": mech.neighbouring,
+        "note": res.note,
+        "sensitivity": _SIGMA_UNIT if mech.name in _SHUFFLE_MECHANISMS else None,
+        "assumptions": mech.assumptions,
+    }
+    if res.method == "pld":
+        grid = pld_discretization(n=setting.n, sigma=setting.sigma, rate=setting.rate, m=setting.m)
         return AccountingResult(
-            mechanism=mech.name,
-            method=chosen.name,
-            epsilon=epsilon,
-            delta=delta,
-            steps=steps,
-            parameters=setting.as_dict(),
+            method="pld",
             kind="pld",
             accounting=PLD_ACCOUNTING_SYMMETRISED,
-            neighbouring=mech.neighbouring,
-            extra={"discretization": discretization, "tail": tail},
+            epsilon_lower=res.epsilon_lower,
+            extra={"discretization": grid, "tail": pld_tail(delta, steps)},
+            **common,  # type: ignore[arg-type]
         )
-    assert chosen.step_rdp is not None
-
-    def total(orders: np.ndarray) -> np.ndarray:
-        # orders is 2..L: the cached per-round table at L (the same numbers as computing it).
-        return steps * _step_table(mech.name, chosen.name, setting, int(orders[-1]))[orders - 2]
-
-    res = epsilon_from_rdp(total, delta=delta, max_order=max_order)
     return AccountingResult(
-        mechanism=mech.name,
-        method=chosen.name,
-        epsilon=res.epsilon,
-        delta=delta,
-        steps=steps,
-        parameters=setting.as_dict(),
+        method=res.method or mech.default_method,
         kind="rdp",
         accounting="Rényi DP composed, converted by Lemma 2",
-        neighbouring=mech.neighbouring,
         order=res.order,
         max_order=res.max_order,
         at_cap=res.at_cap,
+        **common,  # type: ignore[arg-type]
     )
+
+
+_SHUFFLE_MECHANISMS = frozenset({"shuffle", "subsampled", "checkin"})
+
+_SIGMA_UNIT = (
+    "sigma is each user's noise std over the distance between the differing user's two inputs"
+)

@@ -111,8 +111,9 @@ class ShufflePrivacyConfig:
         delta: Target δ in ``(0, 1)``.
         sensitivity: Sensitivity in units of ``C`` as a float (``"replace-one"`` = 2.0 and
             ``"paper"`` = 1.0 are accepted by the constructor and stored as numbers).
-        method: Method of the check-in analysis (``exact`` by default, the tightest; see
-            :data:`shuffle_opacus.PROTOCOLS`).
+        method: Method of the check-in analysis; ``None`` (the default) is the tightest sound
+            one, ``pld``, or the Rényi bound ``exact`` where ``pld`` is beyond the work limits
+            (see :data:`shuffle_opacus.PROTOCOLS`).
         allow_noiseless: Whether ``noise_multiplier = 0`` was explicitly allowed (tests and
             equivalence checks only; not transmitted and not compared).
     """
@@ -122,7 +123,7 @@ class ShufflePrivacyConfig:
     rate: float
     delta: float
     sensitivity: float = 2.0
-    method: str = "exact"
+    method: str | None = None
     allow_noiseless: bool = dataclasses.field(default=False, compare=False)
 
     def __init__(

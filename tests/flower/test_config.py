@@ -16,7 +16,7 @@ def test_round_trip_and_units():
     cfg = ShufflePrivacyConfig(
         noise_multiplier=1.5, clip_norm=0.2, rate=0.1, delta=1e-6, sensitivity="paper"
     )
-    assert cfg.sensitivity == 1.0 and cfg.method == "exact"
+    assert cfg.sensitivity == 1.0 and cfg.method is None  # the default: pld where affordable
     assert cfg.analysis_sigma == 1.5 and cfg.noise_std == pytest.approx(0.3)
     assert ShufflePrivacyConfig.from_config(cfg.to_config()) == cfg
     assert set(cfg.reply_metrics()) == set(METRIC_KEYS)

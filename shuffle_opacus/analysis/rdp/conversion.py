@@ -53,6 +53,10 @@ class EpsilonResult:
         order: The integer Rényi order that achieved ``epsilon``.
         max_order: The largest order evaluated.
         at_cap: True when ``order == max_order`` (the optimum may lie beyond).
+        method: The method that produced it, when a method of a mechanism did (``pld``,
+            ``exact``, ...); ``None`` for a bare conversion or a reference curve.
+        note: Why the method is not the one asked for (the default's fallback), or ``None``.
+        epsilon_lower: The optimistic estimate of a ``pld`` result, when computed.
     """
 
     epsilon: float
@@ -60,6 +64,9 @@ class EpsilonResult:
     order: int
     max_order: int
     at_cap: bool
+    method: str | None = None
+    note: str | None = None
+    epsilon_lower: float | None = None
 
 
 def _orders_and_rdp(

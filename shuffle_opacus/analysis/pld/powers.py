@@ -1,0 +1,229 @@
+"""Compositions of dense privacy-loss PMFs by powers of their spectra, cached across round counts.
+
+An accountant asked for epsilon after every round composes the same per-round PMFs again and
+again for a growing number of rounds. ``dp_accounting``'s ``self_compose`` starts from scratch
+each time (Chernoff bounds, an FFT of the PMF, the power, an inverse FFT, a Python loop over the
+losses). Here the PMF's Chernoff moments and its spectrum at each FFT length are kept, rounds of
+several PMFs are composed by multiplying their spectra's powers and one inverse FFT, and epsilon
+is read off the result by a vectorised scan. The arithmetic is the one of ``dp_accounting``'s
+``DensePLDPmf.self_compose`` (Chernoff window, cyclic convolution, left-out mass added at
+infinity; see docs/maths.md, "Reporting epsilon every round"), so every result is a pessimistic
+estimate, as there. The FFT length depends on the request only (not on earlier calls), so a
+result never depends on what was asked before: a resumed run reproduces its numbers bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+from dp_accounting.pld import pld_pmf
+from scipy import fft
+from scipy.special import logsumexp
+
+from .._validation import check_delta, check_int
+
+__all__ = ["PmfPowers", "compose_powers", "epsilon_for_delta", "DEFAULT_TRUNCATION"]
+
+DEFAULT_TRUNCATION = 1e-15
+"""Mass of a composition's tails left out of its window and added at infinity (as in
+``dp_accounting``'s ``self_compose``)."""
+
+#: Chernoff orders of the window, in units of the PMF's loss (the exponent's slope per unit of
+#: privacy loss). Both signs; the window is the tightest bound over all of them.
+_LOSS_ORDERS = np.concatenate((-np.geomspace(0.05, 400.0, 48), np.geomspace(0.05, 400.0, 48)))
+
+#: Spectra kept per PMF (one per FFT length).
+_SPECTRA_KEPT = 2
+
+
+def _dense(pmf: pld_pmf.PLDPmf) -> pld_pmf.DensePLDPmf:
+    dense = pmf.to_dense_pmf()
+    if not isinstance(dense, pld_pmf.DensePLDPmf):  # pragma: no cover - dp_accounting contract
+        raise TypeError(f"pmf must convert to a DensePLDPmf. Found {type(dense).__name__}.")
+    return dense
+
+
+class PmfPowers:
+    """One dense PMF with what its compositions need, computed once and kept.
+
+    Args:
+        pmf: A ``dp_accounting`` PMF (dense, or convertible to dense).
+
+    Attributes:
+        discretization: The loss grid step.
+        lower: Index of the first grid point (loss ``lower * discretization``).
+        probs: Masses on the grid (read-only).
+        infinity: Mass at infinite loss.
+        pessimistic: Whether the PMF is a pessimistic estimate.
+    """
+
+    def __init__(self, pmf: pld_pmf.PLDPmf) -> None:
+        dense = _dense(pmf)
+        # dp_accounting keeps these as private attributes of its dense PMF.
+        self.discretization = float(dense._discretization)
+        self.lower = int(dense._lower_loss)
+        probs = np.array(dense._probs, dtype=float)
+        probs.setflags(write=False)
+        self.probs = probs
+        self.infinity = float(dense._infinity_mass)
+        self.pessimistic = bool(dense._pessimistic_estimate)
+        orders = _LOSS_ORDERS * self.discretization
+        index = np.arange(probs.size, dtype=float)
+        with np.errstate(over="ignore", divide="ignore"):
+            self.log_mgf = np.array([logsumexp(index * o, b=probs) for o in orders])
+        self.orders = orders
+        self._spectra: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        """Number of grid points."""
+        return int(self.probs.size)
+
+    def spectrum(self, length: int) -> np.ndarray:
+        """Return the real FFT of the masses, zero-padded to ``length`` (cached, read-only)."""
+        with self._lock:
+            if length in self._spectra:
+                self._spectra.move_to_end(length)
+                return self._spectra[length]
+            values = fft.rfft(self.probs, length)
+            values.setflags(write=False)
+            self._spectra[length] = values
+            while len(self._spectra) > _SPECTRA_KEPT:
+                self._spectra.popitem(last=False)
+            return values
+
+
+def _power(values: np.ndarray, count: int) -> np.ndarray:
+    """``values ** count`` by binary powering: a fixed sequence of products for each count."""
+    result: np.ndarray | None = None
+    square = values
+    while True:
+        if count & 1:
+            result = square.copy() if result is None else result * square
+        count >>= 1
+        if not count:
+            break
+        square = square * square
+    assert result is not None
+    return result
+
+
+def _window(parts: Sequence[tuple[PmfPowers, int]], truncation: float) -> tuple[int, int]:
+    """Index range of the composed masses outside which at most ``truncation`` lies (Chernoff).
+
+    Indices count from the sum of the parts' first grid points. For every order ``o`` (same
+    order per unit of loss for all parts, which share the grid), ``P(I >= b) <= truncation/2``
+    for ``b = (sum_k count_k log M_k(o) + log(2/truncation)) / o`` when ``o > 0``, and the same
+    for the lower end when ``o < 0``.
+    """
+    upper = sum((p.size - 1) * k for p, k in parts)
+    lower = 0
+    orders = parts[0][0].orders
+    total = np.zeros(orders.size)
+    for p, k in parts:
+        total = total + k * p.log_mgf
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        bounds = (total + math.log(2.0 / truncation)) / orders
+    for order, bound in zip(orders, bounds, strict=True):
+        if not math.isfinite(bound):
+            continue
+        if order > 0:
+            upper = min(upper, math.ceil(bound))
+        else:
+            lower = max(lower, math.floor(bound))
+    return lower, max(upper, lower)
+
+
+def _fft_length(needed: int) -> int:
+    """Return an FFT length >= ``needed`` that depends on ``needed``'s power of two alone."""
+    return int(fft.next_fast_len(1 << max(needed - 1, 1).bit_length(), real=True))
+
+
+def compose_powers(
+    parts: Sequence[tuple[PmfPowers, int]], *, truncation: float = DEFAULT_TRUNCATION
+) -> pld_pmf.DensePLDPmf:
+    """Compose ``count`` rounds of each PMF (the law of the sum of independent losses).
+
+    Args:
+        parts: ``(pmf, count)`` pairs; the PMFs must share their grid step and estimate type.
+        truncation: Mass of the composition's tails outside the window (added at infinity for a
+            pessimistic estimate, as ``dp_accounting`` does), in ``(0, 1)``.
+
+    Returns:
+        A ``dp_accounting`` dense PMF.
+
+    Raises:
+        ValueError: on an empty ``parts``, a count below 1, or PMFs on different grids.
+    """
+    if not parts:
+        raise ValueError("parts must hold at least one (pmf, count) pair. Found none.")
+    first = parts[0][0]
+    for p, k in parts:
+        check_int("count", k, minimum=1)
+        if p.discretization != first.discretization or p.pessimistic != first.pessimistic:
+            raise ValueError(
+                "parts must share their discretization and estimate type. Found "
+                f"{p.discretization!r} and {first.discretization!r}."
+            )
+    low, high = _window(parts, truncation)
+    width = high - low + 1
+    length = _fft_length(max(width, max(p.size for p, _ in parts)))
+    spectrum: np.ndarray | None = None
+    for p, k in parts:
+        term = _power(p.spectrum(length), k)
+        spectrum = term if spectrum is None else spectrum * term
+    assert spectrum is not None
+    cyclic = fft.irfft(spectrum, length)
+    # The composed index range is low..high; the cyclic result holds index i at i mod length.
+    probs = np.roll(cyclic, -low)[:width]
+    log_keep = sum(k * math.log1p(-p.infinity) for p, k in parts)
+    infinity = -math.expm1(log_keep)
+    if first.pessimistic:
+        infinity += truncation
+    lower = sum(p.lower * k for p, k in parts) + low
+    return pld_pmf.DensePLDPmf(first.discretization, lower, probs, infinity, first.pessimistic)
+
+
+def epsilon_for_delta(pmf: pld_pmf.PLDPmf, delta: float) -> float:
+    """Smallest epsilon with hockey-stick divergence at most ``delta`` (vectorised).
+
+    The same scan as ``dp_accounting``'s ``DensePLDPmf.get_epsilon_for_delta`` (from the largest
+    loss down, stopping where epsilon reaches the loss), in numpy instead of a Python loop.
+
+    Args:
+        pmf: A ``dp_accounting`` PMF.
+        delta: Target delta in ``(0, 1)``.
+
+    Returns:
+        Epsilon (``inf`` when the mass at infinity exceeds ``delta``; at least 0).
+    """
+    delta = check_delta(delta)
+    dense = _dense(pmf)
+    infinity = float(dense._infinity_mass)
+    if infinity > delta:
+        return math.inf
+    probs = np.asarray(dense._probs, dtype=float)[::-1]
+    top = int(dense._lower_loss) + probs.size - 1
+    losses = (top - np.arange(probs.size)) * float(dense._discretization)
+    # Masses above each loss (excluded), as the scan holds them before adding that loss.
+    upper = infinity + np.concatenate(([0.0], np.cumsum(probs)))
+    with np.errstate(over="ignore"):
+        weighted = np.exp(-losses) * probs
+    lower = np.concatenate(([0.0], np.cumsum(weighted)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        candidate = np.log((upper[:-1] - delta) / lower[:-1])
+    stop = (upper[:-1] > delta) & (lower[:-1] > 0) & (candidate >= losses)
+    # A loss so large that exp(-loss) is 0 while the mass above reaches delta: epsilon is it.
+    huge = (upper[1:] >= delta) & (lower[1:] == 0)
+    hits = np.flatnonzero(stop | huge)
+    if hits.size:
+        k = int(hits[0])
+        return max(0.0, float(candidate[k] if stop[k] else losses[k]))
+    if upper[-1] <= lower[-1] + delta:
+        return 0.0
+    return max(0.0, math.log((upper[-1] - delta) / lower[-1]))
