@@ -312,12 +312,20 @@ def _weak_binned(
 
 
 def _krr_plds(
-    n: int, k: int, gamma: float, adversary: str, tail: float, discretization: float
+    n: int,
+    k: int,
+    gamma: float,
+    adversary: str,
+    tail: float,
+    discretization: float,
+    both: bool = True,
 ) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
     """Pessimistic and optimistic PLDs of one round (arguments taken as validated).
 
     The pessimistic PMFs put the neglected mass at ``+inf``; the optimistic ones drop it and
-    keep only the genuinely infinite losses (e.g. ``M2 = 0`` for ``A_s``).
+    keep only the genuinely infinite losses (e.g. ``M2 = 0`` for ``A_s``). With ``both=False``
+    the optimistic PLD has the remove direction only: a lower end still, at half the cost of
+    composing it, and the same for these symmetric pairs (labels 1 and 2 exchange).
     """
     if adversary == "strong":
         loss_r, mass_r, loss_a, mass_a, neglected = _strong_outcomes(n, k, gamma, tail)
@@ -337,7 +345,7 @@ def _krr_plds(
                 discretization=discretization,
                 pessimistic=est,
             )
-            for direction in ("remove", "add")
+            for direction in (("remove", "add") if est or both else ("remove",))
         ]
         plds.append(PrivacyLossDistribution(*pmfs))
     return plds[0], plds[1]
@@ -569,7 +577,7 @@ def krr_results(
     tail = default_tail(delta, max(counts))
     n, k, gamma = _check_common(n, k, gamma)
     adversary = _check_adversary(adversary)
-    upper, lower = _krr_plds(n, k, gamma, adversary, tail, DEFAULT_DISCRETIZATION)
+    upper, lower = _krr_plds(n, k, gamma, adversary, tail, DEFAULT_DISCRETIZATION, both=False)
     parameters = {"n": n, "k": k, "gamma": gamma, "adversary": adversary}
     return pld_results(
         upper,

@@ -80,13 +80,18 @@ __all__ = [
 
 
 def _plds(
-    n: int, eps0: float, tail: float, discretization: float, pair: str
+    n: int, eps0: float, tail: float, discretization: float, pair: str, both: bool = True
 ) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
-    """Pessimistic and optimistic PLDs of one round, from one enumeration."""
+    """Pessimistic and optimistic PLDs of one round, from one enumeration.
+
+    With ``both=False`` the optimistic PLD keeps the remove direction only: still a lower end
+    (epsilon is the larger of the two directions), at half the cost of composing it, and equal
+    to both here since ``Q`` is ``P`` swapped.
+    """
     pmfs = pair_pmfs(n=n, eps0=eps0, tail=tail, discretization=discretization, pair=pair)
     return (
         PrivacyLossDistribution(pmfs.remove_upper, pmfs.add_upper),
-        PrivacyLossDistribution(pmfs.remove_lower, pmfs.add_lower),
+        PrivacyLossDistribution(pmfs.remove_lower, pmfs.add_lower if both else None),
     )
 
 
@@ -369,12 +374,15 @@ def subsampled_profile(
     return _profile(feldman_pair(n=m, eps0=eps0, tail=tail, pair=pair), rate, a)
 
 
-def _mixture_pld(pair: FeldmanPair, rate: float, discretization: float) -> PrivacyLossDistribution:
+def _mixture_pld(
+    pair: FeldmanPair, rate: float, discretization: float, both: bool = True
+) -> PrivacyLossDistribution:
     """Optimistic PLD of ``(rate P + (1 - rate) Q, Q)`` (remove) and its reverse (add).
 
     By the symmetry of ``(P, Q)`` the add direction has the profile of the second term of
     ``h``; both lie below ``h``, and so does every composition of them below the composed
-    connect-the-dots pair. Losses rounded down, the truncated mass dropped.
+    connect-the-dots pair. Losses rounded down, the truncated mass dropped. ``both=False``
+    keeps the remove direction only (a lower end still, and the larger one in practice).
     """
     with np.errstate(divide="ignore"):  # rate = 1: the mixture is P itself
         log_mix = np.logaddexp(math.log(rate) + pair.log_p, np.log1p(-rate) + pair.log_q)
@@ -389,7 +397,7 @@ def _mixture_pld(pair: FeldmanPair, rate: float, discretization: float) -> Priva
             0.0,
             False,
         )
-        for x, w in ((scaled, log_mix), (-scaled, pair.log_q))
+        for x, w in ((scaled, log_mix), (-scaled, pair.log_q))[: 2 if both else 1]
     ]
     return PrivacyLossDistribution(*pmfs)
 
@@ -403,6 +411,7 @@ def _subsampled_plds(
     discretization: float,
     tail: float,
     pair: str,
+    both: bool = True,
 ) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
     """Connect-the-dots PLD (upper) and optimistic mixture PLD (lower) of one round."""
     rate = m / n
@@ -423,7 +432,7 @@ def _subsampled_plds(
     pmf = pld_pmf.create_pmf_pessimistic_connect_dots(discretization, grid, deltas)
     return (
         PrivacyLossDistribution(pmf.to_dense_pmf()),
-        _mixture_pld(enumerated, rate, discretization),
+        _mixture_pld(enumerated, rate, discretization, both),
     )
 
 
@@ -528,11 +537,14 @@ def ldp_shuffle_results(
     delta = check_delta(delta)
     tail = default_tail(delta, max(counts))
     parameters: dict[str, object] = {"n": n, "eps0": eps0}
+    # The lower ends keep one direction each (see _plds and _mixture_pld): half the cost.
     if m is None:
-        upper, lower = _plds(n, eps0, tail, DEFAULT_DISCRETIZATION, pair)
+        upper, lower = _plds(n, eps0, tail, DEFAULT_DISCRETIZATION, pair, both=False)
     else:
         m = check_int("m", m, minimum=1, maximum=n)
-        upper, lower = _subsampled_plds(n, m, eps0, 1001, None, DEFAULT_DISCRETIZATION, tail, pair)
+        upper, lower = _subsampled_plds(
+            n, m, eps0, 1001, None, DEFAULT_DISCRETIZATION, tail, pair, both=False
+        )
         parameters["m"] = m
     return pld_results(
         upper,
