@@ -135,7 +135,8 @@ def test_catalogue_default_and_explicit_stronger() -> None:
     assert (stronger.method, stronger.extra["pair"]) == ("pld-stronger", "stronger")
     # Bracket of Feldman et al.'s own numerical method for the clones pair at this setting,
     # [0.1675385583317841, 0.172790550755978] (README of github.com/apple/ml-shuffling-
-    # amplification), and the stronger pair's 0.118203 (docs/maths.md before the errata).
+    # amplification), and the stronger pair's 0.118203 (docs/maths.md, timing table; the
+    # default of ldp-shuffle before the errata).
     assert default.epsilon_lower is not None
     assert default.epsilon_lower <= 0.172790550755978
     assert default.epsilon >= 0.1675385583317841

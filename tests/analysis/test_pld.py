@@ -285,8 +285,8 @@ def test_reference_scale() -> None:
     # [0.1675385583317841, 0.172790550755978], the bracket of Feldman, McMillan & Talwar's own
     # numerical method (README of github.com/apple/ml-shuffling-amplification), and below this
     # package's clones numerical bound 0.169770 (docs/accounting.md); the PLD (grid 1e-4) is
-    # within a grid step of it. The stronger pair gives 0.118203 (docs/maths.md before the
-    # errata), far below the pair every randomiser is proven to satisfy.
+    # within a grid step of it. The stronger pair gives 0.118203 (docs/maths.md, timing table;
+    # the default before the errata), far below the pair proven for every randomiser.
     eps = ldp_shuffle_epsilon(1e-6, n=10**5, eps0=4.0)
     assert 0.1675385583317841 <= eps <= 0.169770 + DEFAULT_DISCRETIZATION
     stronger = ldp_shuffle_epsilon(1e-6, n=10**5, eps0=4.0, pair="stronger")
