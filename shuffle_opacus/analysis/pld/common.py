@@ -240,8 +240,8 @@ def lower_epsilon(lower: PrivacyLossDistribution, *, count: int, delta: float) -
         delta: Target delta in ``(0, 1)``.
 
     Returns:
-        The lower end, clamped at 0 (``inf`` when even the optimistic delta never reaches
-        ``delta``, e.g. genuinely infinite losses).
+        The lower end, clamped at 0 (``inf`` when the mass at infinite loss, which the
+        optimistic PLD keeps for genuinely infinite losses, exceeds ``delta``).
 
     Raises:
         ValueError: on an out-of-range argument.
