@@ -78,6 +78,12 @@ def test_figure4_strong_above_weak() -> None:
                 assert y >= weak[x][0]
             if general[x][0] >= FLOOR:
                 assert paper[x][0] <= general[x][0]
+            # What docs/maths.md reads off the figure (observed, not a theorem): the clones pair
+            # above the strong adversary, the paper's pair between strong and weak.
+            if y >= FLOOR:
+                assert general[x][0] >= y
+            if paper[x][0] >= FLOOR:
+                assert weak[x][0] <= paper[x][0] <= y
 
 
 def test_figure5_rdp_above_monte_carlo() -> None:
