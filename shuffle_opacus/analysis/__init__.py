@@ -67,6 +67,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time they load o
         shuffle_gaussian_delta,
         shuffle_gaussian_epsilon,
         shuffle_gaussian_pld,
+        stronger_pair_applies,
         subsampled_ldp_shuffle_pld,
     )
     from .rdp.central import gaussian_rdp, poisson_subsampled_gaussian_rdp
@@ -135,6 +136,7 @@ _LAZY: dict[str, str] = {
     "shuffle_gaussian_delta": ".pld",
     "shuffle_gaussian_epsilon": ".pld",
     "shuffle_gaussian_pld": ".pld",
+    "stronger_pair_applies": ".pld",
     "subsampled_ldp_shuffle_pld": ".pld",
     "gaussian_rdp": ".rdp.central",
     "poisson_subsampled_gaussian_rdp": ".rdp.central",
@@ -219,6 +221,7 @@ __all__ = [
     "shuffle_gaussian_epsilon",
     "shuffle_gaussian_pld",
     "shuffled_gaussian_delta_mc",
+    "stronger_pair_applies",
     "subsample_dp",
     "subsampled_gaussian_rdp",
     "subsampled_ldp_shuffle_pld",

@@ -16,7 +16,7 @@ from ._lazy import lazy_function
 from ._validation import check_delta, check_int, check_positive, check_probability, check_sigma
 from .limits import API_MAX_SECONDS, MAX_ORDER, check_budget, work_budget
 from .mechanisms import MECHANISM_TABLE, Mechanism, compute_epsilon
-from .options import CLONES_METHODS, KRR_ADVERSARIES
+from .options import CLONES_METHODS, KRR_ADVERSARIES, LDP_PAIRS, LDP_SHUFFLE_METHODS
 from .results import AccountingResult
 
 # Imported when first used: the catalogue itself stays light (see _lazy).
@@ -92,6 +92,13 @@ def _pld(function: Runner) -> Runner:
     return run
 
 
+def _ldp_shuffle(
+    *, steps: Sequence[int], delta: float, method: str | None, max_order: int | None, **p
+) -> list[AccountingResult]:
+    pair = LDP_PAIRS[LDP_SHUFFLE_METHODS.index(method or LDP_SHUFFLE_METHODS[0])]
+    return ldp_shuffle_results(steps=steps, delta=delta, pair=pair, **p)
+
+
 CATALOGUE: dict[str, CatalogueEntry] = {
     **{name: _rdp_entry(mech) for name, mech in MECHANISM_TABLE.items()},
     "clones": CatalogueEntry(
@@ -116,10 +123,14 @@ CATALOGUE: dict[str, CatalogueEntry] = {
         name="ldp-shuffle",
         required=("n", "eps0"),
         optional=("m",),
-        methods=("pld",),
+        methods=LDP_SHUFFLE_METHODS,
         orders=False,
-        summary="PLD of the Feldman-McMillan-Talwar pair for eps0-LDP reports",
-        run=_pld(ldp_shuffle_results),
+        summary=(
+            "PLD of a Feldman-McMillan-Talwar pair for eps0-LDP reports: pld, the clones pair "
+            "(any eps0-LDP randomiser); pld-stronger, the 2022 pair, which its errata restrict "
+            "to randomisers such as binary and k-ary randomised response"
+        ),
+        run=_ldp_shuffle,
     ),
     "krr": CatalogueEntry(
         name="krr",

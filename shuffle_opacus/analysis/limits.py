@@ -71,8 +71,8 @@ API_MAX_SECONDS = 600.0
 #: binomial (EGF) convolution. Measured: Miller at L = 4096 (16.8e6 elements) 0.61 s, one EGF
 #: convolution 0.34 s, binary exponentiation at n = 600, L = 2048 (1.5e8 elements) 5.3 s.
 SERIES_SECONDS = 4e-8
-#: One enumerated outcome of the FMT22 pair (ldp-shuffle): n = 1e6, eps0 = 0.5 (5e7 outcomes)
-#: 4.6 s; n = 1e6, eps0 = 4 (1.1e7) 1.45 s.
+#: One enumerated outcome of an ldp-shuffle pair: n = 1e6, eps0 = 0.5 (5e7 outcomes) 4.6 s;
+#: n = 1e6, eps0 = 4 (1.1e7) 1.45 s. Counted for the stronger pair, which has the most outcomes.
 LDP_OUTCOME_SECONDS = 1.5e-7
 #: One enumerated outcome of k-RR, strong adversary (n = 1e7, k = 4, gamma = 0.25: 1.4e8
 #: outcomes, 32 s) and weak adversary (n = 1e4: 9.5e7 outcomes, 7.9 s).
@@ -204,7 +204,11 @@ def _pld_compose_seconds(steps: list[int]) -> float:
 
 
 def _ldp_outcomes(n: int, eps0: float) -> float:
-    """Outcomes of the Lemma 11 enumeration of the FMT22 pair (Hoeffding widths)."""
+    """Outcomes of the Lemma 11 enumeration of an ldp-shuffle pair (Hoeffding widths).
+
+    Counted with the stronger pair's clone probability ``2 / (e^eps0 + 1)``, above the clones
+    pair's ``e^-eps0``: an over-estimate for the default pair.
+    """
     log_tail = math.log(4.0 / 1e-12)
     p2 = 2.0 / (math.exp(min(eps0, 700.0)) + 1.0)
     c_width = min(float(n), math.sqrt(2.0 * max(n - 1, 1) * log_tail) + 1.0)
@@ -281,7 +285,8 @@ def account_seconds(
         eps0 = float(values["eps0"])  # type: ignore[arg-type]
         users = int(m) if m is not None else n  # type: ignore[call-overload]
         total += _ldp_outcomes(users, eps0) * LDP_OUTCOME_SECONDS * (2.0 if m else 1.0)
-        return total + _pld_compose_seconds(steps)
+        # The records' lower end composes one more PMF (the optimistic remove direction).
+        return total + 1.5 * _pld_compose_seconds(steps)
     if mechanism == "krr":
         outcomes, unit = _krr_outcomes(
             n,
@@ -289,7 +294,7 @@ def account_seconds(
             float(values["gamma"]),  # type: ignore[arg-type]
             str(values.get("adversary") or "strong"),
         )
-        return total + outcomes * unit + _pld_compose_seconds(steps)
+        return total + outcomes * unit + 1.5 * _pld_compose_seconds(steps)
     if mechanism in ("clones", "clones-gaussian"):
         several = max(steps) > 1
         points = 24 if several else 1

@@ -102,6 +102,20 @@ def test_pld_delta_bounds_brute_force_tightly(adversary, n, k, gamma):
 
 
 @pytest.mark.parametrize("adversary", KRR_ADVERSARIES)
+@pytest.mark.parametrize(
+    ("n", "k", "gamma"), [(2, 3, Fraction(1, 4)), (3, 4, Fraction(2, 3)), (5, 2, Fraction(1, 4))]
+)
+def test_optimistic_pld_bounds_brute_force_from_below(adversary, n, k, gamma):
+    # The lower end of the records: losses rounded down, truncated mass dropped.
+    lower = krr_pld(n=n, k=k, gamma=float(gamma), adversary=adversary, pessimistic=False)
+    for pattern in ("same", "mixed"):
+        p, q, _ = brute_views(n, k, gamma, _inputs(n, k, pattern), adversary)
+        for eps in EPS_GRID:
+            got = lower.get_delta_for_epsilon(eps)
+            assert hockey(p, q, eps + DISC) - 1e-11 <= got <= hockey(p, q, eps) + 1e-12
+
+
+@pytest.mark.parametrize("adversary", KRR_ADVERSARIES)
 @pytest.mark.parametrize(("n", "k", "gamma"), [(2, 3, Fraction(1, 4)), (3, 2, Fraction(2, 3))])
 def test_two_rounds_match_brute_force_product(adversary, n, k, gamma):
     p, q, _ = brute_views(n, k, gamma, _inputs(n, k, "mixed"), adversary)

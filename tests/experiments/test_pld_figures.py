@@ -35,23 +35,35 @@ def test_figure_files_exist(number: int) -> None:
     assert len(load(number)) >= 2
 
 
+STRONGER = "stronger pair (errata: restricted randomisers)"
+
+
 def test_figure1_pld_below_rdp_and_clones() -> None:
     c = load(1)
-    pld1, pld2 = c["|PLD, 1 composition"], c["|PLD, 2 compositions"]
+    pld1, pld2 = c["|PLD, clones pair, 1 composition"], c["|PLD, clones pair, 2 compositions"]
+    strong1, strong2 = c[f"|PLD, {STRONGER}, 1 composition"], c[f"|PLD, {STRONGER}, 2 compositions"]
+    checked = 0
     for x, (y, _) in pld1.items():
         if y < FLOOR:
             continue
-        assert y <= c["|RDP, 1 composition"][x][0]
-        assert y <= c["|clones numerical, 1 composition"][x][0] + 1e-12
-        assert pld2[x][0] <= c["|RDP, 2 compositions"][x][0]
+        checked += 1
+        assert y <= c["|RDP, clones pair, 1 composition"][x][0]
+        # One round: the clones numerical method bounds the same pair, nearly exactly; the PLD
+        # rounds losses up by a grid step (1e-4), which costs it at most 0.5% here.
+        assert y <= 1.005 * c["|clones numerical, 1 composition"][x][0]
+        assert pld2[x][0] <= c["|RDP, clones pair, 2 compositions"][x][0]
         assert pld2[x][0] <= c["|clones numerical + optimal composition, 2"][x][0]
+        # More clones, smaller delta: the paper's pair lies below (it is not valid for all).
+        assert strong1[x][0] <= y and strong2[x][0] <= pld2[x][0]
+    assert checked >= 15
 
 
 def test_figure3_pld_below_girgis() -> None:
     c = load(3)
     rdp = next(v for k, v in c.items() if "RDP" in k)
-    for x, (y, _) in c["|PLD (Lemma 7)"].items():
-        assert y < rdp[x][0]
+    clones, strong = c["|PLD (Lemma 7), clones pair"], c[f"|PLD (Lemma 7), {STRONGER}"]
+    for x, (y, _) in clones.items():
+        assert strong[x][0] < y < rdp[x][0]
 
 
 def test_figure4_strong_above_weak() -> None:
@@ -59,9 +71,19 @@ def test_figure4_strong_above_weak() -> None:
     for steps in (1, 10, 100):
         strong = c[f"|strong adversary, n_c={steps}"]
         weak = c[f"|weak adversary, n_c={steps}"]
+        general = next(v for k, v in c.items() if f"clones pair (eps0=2.565), n_c={steps}" in k)
+        paper = next(v for k, v in c.items() if f"valid for k-RR, eps0=2.565), n_c={steps}" in k)
         for x, (y, _) in strong.items():
             if weak[x][0] >= FLOOR:
                 assert y >= weak[x][0]
+            if general[x][0] >= FLOOR:
+                assert paper[x][0] <= general[x][0]
+            # What docs/maths.md reads off the figure (observed, not a theorem): the clones pair
+            # above the strong adversary, the paper's pair between strong and weak.
+            if y >= FLOOR:
+                assert general[x][0] >= y
+            if paper[x][0] >= FLOOR:
+                assert weak[x][0] <= paper[x][0] <= y
 
 
 def test_figure5_rdp_above_monte_carlo() -> None:

@@ -1,7 +1,9 @@
 """Privacy loss distributions (``dp_accounting`` PLD objects) of shuffled mechanisms.
 
-* :mod:`.ldp`: shuffled eps0-LDP reports through the Feldman-McMillan-Talwar dominating pair,
-  plain and subsampled (Koskela, Heikkilä & Honkela, arXiv:2106.00477, §3);
+* :mod:`.ldp`: shuffled eps0-LDP reports through a Feldman-McMillan-Talwar dominating pair,
+  plain and subsampled (Koskela, Heikkilä & Honkela, arXiv:2106.00477, §3); :mod:`.ldp_pairs`
+  enumerates the two pairs (the clones pair by default; the stronger pair only for the
+  randomisers its errata allow);
 * :mod:`.krr`: shuffled k-randomised response against the strong and weak adversaries (same
   paper, §4);
 * :mod:`.gaussian`: the shuffle Gaussian itself (plain, subsampled, check-in), the ``pld`` method;
@@ -38,6 +40,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time they load o
         subsampled_ldp_shuffle_pld,
         subsampled_profile,
     )
+    from .ldp_pairs import LDP_PAIRS, clone_probability, stronger_pair_applies
 
 _LAZY: dict[str, str] = {
     "DEFAULT_DISCRETIZATION": ".common",
@@ -64,14 +67,19 @@ _LAZY: dict[str, str] = {
     "ldp_shuffle_rdp": ".ldp",
     "subsampled_ldp_shuffle_pld": ".ldp",
     "subsampled_profile": ".ldp",
+    "LDP_PAIRS": ".ldp_pairs",
+    "clone_probability": ".ldp_pairs",
+    "stronger_pair_applies": ".ldp_pairs",
 }
 
 __all__ = [
     "DEFAULT_DISCRETIZATION",
     "DEFAULT_TAIL",
     "KRR_ADVERSARIES",
+    "LDP_PAIRS",
     "MAX_EPS0",
     "FeldmanPair",
+    "clone_probability",
     "compose_plds",
     "default_tail",
     "feldman_pair",
@@ -89,6 +97,7 @@ __all__ = [
     "shuffle_gaussian_epsilon",
     "shuffle_gaussian_pair",
     "shuffle_gaussian_pld",
+    "stronger_pair_applies",
     "subsampled_ldp_shuffle_pld",
     "subsampled_profile",
 ]

@@ -3,12 +3,14 @@
 Every PLD in :mod:`shuffle_opacus.analysis.pld` is a ``dp_accounting`` ``PrivacyLossDistribution``
 whose losses were rounded *up* (pessimistic), so every delta read from it, alone or composed, is
 an upper bound on the delta of the pair it describes. Mass that an enumeration leaves out is
-placed at loss ``+inf``, where it adds to every delta.
+placed at loss ``+inf``, where it adds to every delta. Where a result also reports a lower end,
+it comes from the optimistic PLD of the same pair: losses rounded *down*, the left-out mass
+dropped (:func:`lower_epsilon`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
@@ -26,7 +28,10 @@ __all__ = [
     "check_tail",
     "default_tail",
     "pmf_from_losses",
+    "prebin_losses",
     "compose_plds",
+    "LOWER_TRUNCATION",
+    "lower_epsilon",
     "pld_results",
 ]
 
@@ -102,22 +107,26 @@ def pmf_from_losses(
     *,
     infinity_mass: float,
     discretization: float = DEFAULT_DISCRETIZATION,
+    pessimistic: bool = True,
 ) -> pld_pmf.DensePLDPmf:
-    """Pessimistic dense PMF of a discrete privacy loss distribution.
+    """Dense PMF of a discrete privacy loss distribution, rounded up (default) or down.
 
     Each finite loss is rounded up to the next multiple of ``discretization`` (which can only
-    increase every hockey-stick divergence), and the masses of equal rounded losses are summed.
+    increase every hockey-stick divergence), or with ``pessimistic=False`` down to the previous
+    one (which can only decrease it), and the masses of equal rounded losses are summed.
     Losses equal to ``+inf`` go to ``infinity_mass``; losses equal to ``-inf`` contribute nothing to
     any delta and are dropped.
 
     Args:
         losses: Privacy losses ``log P(x)/Q(x)`` of the outcomes.
         masses: Their probabilities under ``P`` (same shape).
-        infinity_mass: Extra mass placed at loss ``+inf`` (e.g. truncated mass).
+        infinity_mass: Extra mass placed at loss ``+inf`` (e.g. truncated mass; pass 0 for an
+            optimistic PMF, which drops what an enumeration left out).
         discretization: Grid step of the losses, in ``(0, 1]``.
+        pessimistic: Round up (an upper bound on every delta) or down (a lower bound).
 
     Returns:
-        A ``dp_accounting.pld.pld_pmf.DensePLDPmf`` with ``pessimistic_estimate=True``.
+        A ``dp_accounting.pld.pld_pmf.DensePLDPmf`` with ``pessimistic_estimate=pessimistic``.
 
     Raises:
         ValueError: on shapes that differ, negative or non-finite masses, a NaN loss, or a
@@ -137,12 +146,51 @@ def pmf_from_losses(
         raise ValueError("masses must be finite numbers >= 0.")
     infinity_mass += float(masses[losses == np.inf].sum())
     finite = np.isfinite(losses) & (masses > 0)
+    pessimistic = bool(pessimistic)
     if not np.any(finite):
-        return pld_pmf.DensePLDPmf(discretization, 0, np.zeros(1), min(infinity_mass, 1.0), True)
-    idx = np.ceil(losses[finite] / discretization).astype(np.int64)
+        return pld_pmf.DensePLDPmf(
+            discretization, 0, np.zeros(1), min(infinity_mass, 1.0), pessimistic
+        )
+    scaled = losses[finite] / discretization
+    idx = (np.ceil(scaled) if pessimistic else np.floor(scaled)).astype(np.int64)
     lower = int(idx.min())
     probs = np.bincount(idx - lower, weights=masses[finite])
-    return pld_pmf.DensePLDPmf(discretization, lower, probs, min(infinity_mass, 1.0), True)
+    return pld_pmf.DensePLDPmf(discretization, lower, probs, min(infinity_mass, 1.0), pessimistic)
+
+
+def prebin_losses(
+    loss: np.ndarray, mass: np.ndarray, *, discretization: float, pessimistic: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """Group outcomes by their rounded loss bin: one representative loss and the bin's mass.
+
+    Pessimistic bins round up, and their largest loss rounds to the same bin; optimistic bins
+    round down, and their smallest loss does. So feeding :func:`pmf_from_losses` these pairs
+    (with the same rounding) gives the same PMF as feeding it every outcome, from far fewer
+    points. ``+inf`` losses pass through as one; ``-inf`` and NaN are not expected.
+
+    Args:
+        loss: Privacy losses of the outcomes.
+        mass: Their masses (same shape).
+        discretization: Grid step of the losses, in ``(0, 1]``.
+        pessimistic: The rounding :func:`pmf_from_losses` will use.
+
+    Returns:
+        ``(losses, masses)``: one entry per occupied bin, then ``+inf`` with its mass.
+    """
+    finite = np.isfinite(loss)
+    inf_mass = float(mass[loss == np.inf].sum())
+    loss, mass = loss[finite], mass[finite]
+    if loss.size == 0:
+        return np.array([np.inf]), np.array([inf_mass])
+    scaled = loss / discretization
+    idx = (np.ceil(scaled) if pessimistic else np.floor(scaled)).astype(np.int64)
+    idx -= idx.min()
+    sign = 1.0 if pessimistic else -1.0
+    top = np.full(int(idx.max()) + 1, -np.inf)
+    np.maximum.at(top, idx, sign * loss)
+    tot = np.bincount(idx, weights=mass, minlength=top.size)
+    used = top > -np.inf
+    return np.append(sign * top[used], np.inf), np.append(tot[used], inf_mass)
 
 
 def compose_plds(*, plds: Sequence[PrivacyLossDistribution]) -> PrivacyLossDistribution:
@@ -169,6 +217,44 @@ def compose_plds(*, plds: Sequence[PrivacyLossDistribution]) -> PrivacyLossDistr
     return out
 
 
+LOWER_TRUNCATION = 1e-15
+"""Tail mass ``t`` that ``dp_accounting`` may cut when it self-composes an optimistic PLD.
+
+Its FFT keeps a window outside which at most ``t`` of the composed mass lies; that mass wraps
+into the window, and ``t`` more is put at ``+inf``. A delta read from the composed optimistic
+PLD can therefore exceed the optimistic value by up to ``2 t``, which :func:`lower_epsilon`
+takes off (:data:`LOWER_TRUNCATION` is scaled down with a small target delta)."""
+
+
+def lower_epsilon(lower: PrivacyLossDistribution, *, count: int, delta: float) -> float:
+    """Lower end of the epsilon of ``count`` compositions of a pair, from its optimistic PLD.
+
+    ``lower`` rounds every loss down and drops what the enumeration left out, so each of its
+    deltas, alone or composed, is at most the pair's (in exact arithmetic). Compositions add at
+    most ``2 t`` (see :data:`LOWER_TRUNCATION`), so the epsilon returned is that of the composed
+    optimistic PLD at ``delta + 2 t``: at most the pair's epsilon at ``delta``.
+
+    Args:
+        lower: Optimistic PLD of one round.
+        count: Number of rounds (integer >= 1).
+        delta: Target delta in ``(0, 1)``.
+
+    Returns:
+        The lower end, clamped at 0 (``inf`` when the mass at infinite loss, which the
+        optimistic PLD keeps for genuinely infinite losses, exceeds ``delta``).
+
+    Raises:
+        ValueError: on an out-of-range argument.
+    """
+    count = check_int("count", count, minimum=1)
+    delta = check_delta(delta)
+    if count == 1:
+        return max(0.0, float(lower.get_epsilon_for_delta(delta)))
+    t = min(LOWER_TRUNCATION, 1e-3 * delta)
+    composed = lower.self_compose(count, tail_mass_truncation=t)
+    return max(0.0, float(composed.get_epsilon_for_delta(delta + 2.0 * t)))
+
+
 def pld_results(
     base: PrivacyLossDistribution,
     *,
@@ -177,16 +263,28 @@ def pld_results(
     steps: Sequence[int],
     delta: float,
     tail: float,
+    lower: PrivacyLossDistribution | None = None,
+    method: str = "pld",
+    assumptions: Sequence[str] = (),
+    extra: Mapping[str, object] | None = None,
 ) -> list[AccountingResult]:
     """Epsilon of ``count`` compositions of ``base`` for each count in ``steps``, as records.
 
+    With ``lower`` (the optimistic PLD of the same pair), each record's ``epsilon_lower`` is
+    :func:`lower_epsilon`, so the pair's exact epsilon lies in ``[epsilon_lower, epsilon]`` (up
+    to floating-point rounding).
+
     Args:
-        base: The PLD of one round (its truncated mass ``tail`` already at infinity).
+        base: The pessimistic PLD of one round (its truncated mass ``tail`` at infinity).
         mechanism: Name for the records (``ldp-shuffle``, ``krr``, ...).
         parameters: The mechanism's parameters, in display order.
         steps: Round counts (integers >= 1).
         delta: Target delta in ``(0, 1)``.
         tail: The truncated mass per round that ``base`` holds at infinity.
+        lower: The optimistic PLD of one round, or ``None`` for no lower end.
+        method: The records' method name.
+        assumptions: What the guarantee rests on, one sentence each.
+        extra: Further facts for the JSON records (``tail`` is always included).
 
     Returns:
         One :class:`~shuffle_opacus.analysis.AccountingResult` (``kind="pld"``) per count.
@@ -196,21 +294,26 @@ def pld_results(
     """
     delta = check_delta(delta)
     counts = [check_int("steps", s, minimum=1) for s in steps]
+    facts = {"tail": tail, **(extra or {})}
     results = []
     for count in counts:
         pld = base if count == 1 else base.self_compose(count)
+        epsilon = max(0.0, float(pld.get_epsilon_for_delta(delta)))
+        low = None if lower is None else lower_epsilon(lower, count=count, delta=delta)
         results.append(
             AccountingResult(
                 mechanism=mechanism,
-                method="pld",
-                epsilon=max(0.0, float(pld.get_epsilon_for_delta(delta))),
+                method=method,
+                epsilon=epsilon,
                 delta=delta,
                 steps=count,
                 parameters=parameters,
                 kind="pld",
                 accounting=PLD_ACCOUNTING,
                 neighbouring="replace-one user",
-                extra={"tail": tail},
+                epsilon_lower=low,
+                extra=facts,
+                assumptions=tuple(assumptions),
             )
         )
     return results

@@ -68,7 +68,9 @@ Small cases: for ``n = 1`` the weak adversary sees one k-RR report, so ``delta(e
 
 Discretisation: losses are rounded up to multiples of ``discretization`` by
 :func:`~shuffle_opacus.analysis.pld.common.pmf_from_losses` (pessimistic), so every delta
-returned is an upper bound on the exact one up to floating-point error.
+returned is an upper bound on the exact one up to floating-point error; rounded down with the
+truncated mass dropped (``pessimistic=False``), they give the lower end that result records
+carry as ``epsilon_lower``.
 
 :func:`krr_tail_delta` gives the quantity the paper plots (Theorems 13/16): ``P(Z >= eps)`` for
 one round. It is an upper bound on the hockey-stick delta, since
@@ -96,6 +98,7 @@ from .common import (
     default_tail,
     pld_results,
     pmf_from_losses,
+    prebin_losses,
 )
 
 __all__ = [
@@ -285,49 +288,67 @@ def _weak_loss(log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
     return np.where(log_q > -np.inf, log_p - np.where(log_q > -np.inf, log_q, 0.0), np.inf)
 
 
-def _bin_max(
-    loss: np.ndarray, mass: np.ndarray, discretization: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """Group outcomes by their rounded-up loss bin: the bin's largest loss and its total mass.
-
-    ``pmf_from_losses`` rounds the largest loss of a bin to that same bin, so feeding it these
-    pairs gives the same PMF as feeding it every outcome. ``+inf`` losses pass through as one.
-    """
-    finite = np.isfinite(loss)
-    inf_mass = float(mass[loss == np.inf].sum())
-    loss, mass = loss[finite], mass[finite]
-    if loss.size == 0:
-        return np.array([np.inf]), np.array([inf_mass])
-    idx = np.ceil(loss / discretization).astype(np.int64)
-    idx -= idx.min()
-    top = np.full(int(idx.max()) + 1, -np.inf)
-    np.maximum.at(top, idx, loss)
-    tot = np.bincount(idx, weights=mass, minlength=top.size)
-    used = top > -np.inf
-    return np.append(top[used], np.inf), np.append(tot[used], inf_mass)
-
-
 def _weak_binned(
     n: int, k: int, gamma: float, tail: float, discretization: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
-    """``(loss_remove, mass_remove, loss_add, mass_add, neglected)`` for ``A_w``, pre-binned."""
-    rem_l, rem_m, add_l, add_m = [], [], [], []
+) -> tuple[dict[tuple[str, bool], tuple[np.ndarray, np.ndarray]], float]:
+    """Pre-binned ``(loss, mass)`` of ``A_w`` per (direction, rounding); the neglected mass."""
+    parts: dict[tuple[str, bool], list[tuple[np.ndarray, np.ndarray]]] = {
+        (d, e): [] for d in ("remove", "add") for e in (True, False)
+    }
     for _, _, _, log_p, log_q in _weak_chunks(n, k, gamma, tail):
-        loss = _weak_loss(log_p, log_q)
-        r = _bin_max(loss, np.exp(log_p), discretization)
-        a = _bin_max(_weak_loss(log_q, log_p), np.exp(log_q), discretization)
-        rem_l.append(r[0])
-        rem_m.append(r[1])
-        add_l.append(a[0])
-        add_m.append(a[1])
-    neglected = _weak_plan(n, k, gamma, tail)[4]
-    return (
-        np.concatenate(rem_l),
-        np.concatenate(rem_m),
-        np.concatenate(add_l),
-        np.concatenate(add_m),
-        neglected,
-    )
+        for direction, loss, mass in (
+            ("remove", _weak_loss(log_p, log_q), np.exp(log_p)),
+            ("add", _weak_loss(log_q, log_p), np.exp(log_q)),
+        ):
+            for est in (True, False):
+                parts[direction, est].append(
+                    prebin_losses(loss, mass, discretization=discretization, pessimistic=est)
+                )
+    binned = {
+        key: (np.concatenate([x[0] for x in v]), np.concatenate([x[1] for x in v]))
+        for key, v in parts.items()
+    }
+    return binned, _weak_plan(n, k, gamma, tail)[4]
+
+
+def _krr_plds(
+    n: int,
+    k: int,
+    gamma: float,
+    adversary: str,
+    tail: float,
+    discretization: float,
+    both: bool = True,
+) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
+    """Pessimistic and optimistic PLDs of one round (arguments taken as validated).
+
+    The pessimistic PMFs put the neglected mass at ``+inf``; the optimistic ones drop it and
+    keep only the genuinely infinite losses (e.g. ``M2 = 0`` for ``A_s``). With ``both=False``
+    the optimistic PLD has the remove direction only: a lower end still, at half the cost of
+    composing it, and the same for these symmetric pairs (labels 1 and 2 exchange).
+    """
+    if adversary == "strong":
+        loss_r, mass_r, loss_a, mass_a, neglected = _strong_outcomes(n, k, gamma, tail)
+        binned = {
+            (d, e): (loss, mass)
+            for d, loss, mass in (("remove", loss_r, mass_r), ("add", loss_a, mass_a))
+            for e in (True, False)
+        }
+    else:
+        binned, neglected = _weak_binned(n, k, gamma, tail, discretization)
+    plds = []
+    for est in (True, False):
+        pmfs = [
+            pmf_from_losses(
+                *binned[direction, est],
+                infinity_mass=neglected if est else 0.0,
+                discretization=discretization,
+                pessimistic=est,
+            )
+            for direction in (("remove", "add") if est or both else ("remove",))
+        ]
+        plds.append(PrivacyLossDistribution(*pmfs))
+    return plds[0], plds[1]
 
 
 def krr_pld(
@@ -339,6 +360,7 @@ def krr_pld(
     steps: int = 1,
     discretization: float = DEFAULT_DISCRETIZATION,
     tail: float = DEFAULT_TAIL,
+    pessimistic: bool = True,
 ) -> PrivacyLossDistribution:
     """PLD of ``steps`` rounds of shuffled k-RR against adversary ``A_s`` or ``A_w``.
 
@@ -352,6 +374,9 @@ def krr_pld(
         discretization: Loss grid step, in ``(0, 1]``.
         tail: Budget for the truncated mass per round, in ``(0, 1)``; the bound on the mass
             actually left out (at most about ``tail``) is added to every delta.
+        pessimistic: Losses rounded up and the truncated mass at ``+inf`` (an upper bound on
+            every delta, the default), or rounded down with it dropped (a lower bound; a
+            composition may add up to ``2e-15``, see :func:`~.common.lower_epsilon`).
 
     Returns:
         A ``dp_accounting`` ``PrivacyLossDistribution`` with remove (``log P/Q`` under ``P``)
@@ -365,14 +390,8 @@ def krr_pld(
     steps = check_int("steps", steps, minimum=1)
     discretization = check_discretization(discretization)
     tail = check_tail(tail)
-    if adversary == "strong":
-        loss_r, mass_r, loss_a, mass_a, neglected = _strong_outcomes(n, k, gamma, tail)
-    else:
-        loss_r, mass_r, loss_a, mass_a, neglected = _weak_binned(n, k, gamma, tail, discretization)
-    pld = PrivacyLossDistribution(
-        pmf_from_losses(loss_r, mass_r, infinity_mass=neglected, discretization=discretization),
-        pmf_from_losses(loss_a, mass_a, infinity_mass=neglected, discretization=discretization),
-    )
+    upper, lower = _krr_plds(n, k, gamma, adversary, tail, discretization)
+    pld = upper if pessimistic else lower
     return pld if steps == 1 else pld.self_compose(steps)
 
 
@@ -533,8 +552,10 @@ def krr_results(
 ) -> list[AccountingResult]:
     """Epsilon of shuffled k-RR after each round count, as result records.
 
-    The PLD of one round (:func:`krr_pld`) is built once with the truncated mass per round set
-    by :func:`~.common.default_tail` for the largest count, then composed.
+    The PLDs of one round (:func:`krr_pld`, pessimistic and optimistic) are built once with
+    the truncated mass per round set by :func:`~.common.default_tail` for the largest count,
+    then composed: ``epsilon`` is the upper end and ``epsilon_lower`` the lower end for the
+    exact pair of the chosen adversary.
 
     Args:
         n: Users per round, ``>= 1``.
@@ -554,9 +575,20 @@ def krr_results(
     if not counts:
         raise ValueError("steps must list at least one round count.")
     tail = default_tail(delta, max(counts))
+    n, k, gamma = _check_common(n, k, gamma)
     adversary = _check_adversary(adversary)
-    base = krr_pld(n=n, k=k, gamma=gamma, adversary=adversary, tail=tail)
+    upper, lower = _krr_plds(n, k, gamma, adversary, tail, DEFAULT_DISCRETIZATION, both=False)
     parameters = {"n": n, "k": k, "gamma": gamma, "adversary": adversary}
     return pld_results(
-        base, mechanism="krr", parameters=parameters, steps=counts, delta=delta, tail=tail
+        upper,
+        lower=lower,
+        mechanism="krr",
+        parameters=parameters,
+        steps=counts,
+        delta=delta,
+        tail=tail,
+        assumptions=(
+            "every user reports through k-randomised response with this k and gamma (secret "
+            "coins) and the server sees only the shuffled reports",
+        ),
     )
