@@ -15,8 +15,9 @@ stay light. The torch-side helpers below are imported on first use.
   :class:`ClientPartition`, :func:`iid_partition`, :func:`dirichlet_partition`,
   :func:`shard_partition` (:mod:`shuffle_opacus.clients`)
 * the accountant classes (:mod:`shuffle_opacus.accountants`)
-* :func:`calibrate_noise_multiplier` and :func:`history_epsilon` (:mod:`shuffle_opacus.accounting`,
-  no torch), the protocol table :data:`PROTOCOLS` (:mod:`shuffle_opacus.protocols`, no torch)
+* :func:`calibrate`, :func:`calibrate_noise_multiplier`, :func:`history_epsilon`
+  (:mod:`shuffle_opacus.accounting`, no torch), the protocol table :data:`PROTOCOLS`
+  (:mod:`shuffle_opacus.protocols`, no torch)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time they load o
         ShuffledCheckInAccountant,
         SubsampledShuffleAccountant,
     )
-    from .accounting import calibrate_noise_multiplier, history_epsilon
+    from .accounting import Calibration, calibrate, calibrate_noise_multiplier, history_epsilon
     from .clients import (
         ClientPartition,
         dirichlet_partition,
@@ -49,6 +50,8 @@ __version__ = "0.1.0"
 
 _LAZY: dict[str, str] = {
     "calibrate_noise_multiplier": ".accounting",
+    "calibrate": ".accounting",
+    "Calibration": ".accounting",
     "history_epsilon": ".accounting",
     "PROTOCOLS": ".protocols",
     "Protocol": ".protocols",
@@ -88,6 +91,8 @@ __all__ = [
     "SubsampledShuffleAccountant",
     "analysis_sigma",
     "calibrate_noise_multiplier",
+    "calibrate",
+    "Calibration",
     "get_protocol",
     "history_epsilon",
     "make_private",

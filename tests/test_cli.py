@@ -39,21 +39,32 @@ def test_table_output_has_one_row_per_steps(capsys):
     rows = [line for line in lines[2:] if line.startswith("checkin")]
     assert len(rows) == 2
     want = compute_epsilon("checkin", n=60000, rate=0.1, sigma=5, steps=5540, delta=1e-5)
-    assert f"{want.epsilon:.6f}" in rows[1]
-    assert "neighbouring:" in lines[-1]
+    assert f"{want.epsilon:.6f}" in rows[1] and want.method == "pld"
+    assert any(line.startswith("neighbouring: replace-one user") for line in lines)
+    assert lines[-1].startswith("assumes: ")
     assert err == ""
 
 
 @pytest.mark.parametrize(
     ("args", "mechanism", "method"),
     [
-        (["shuffle", "--n", "60000", "--sigma", "9.48"], "shuffle", "theorem1"),
+        (["shuffle", "--n", "60000", "--sigma", "9.48"], "shuffle", "pld"),
+        (
+            ["shuffle", "--n", "60000", "--sigma", "9.48", "--method", "theorem1"],
+            "shuffle",
+            "theorem1",
+        ),
         (
             ["shuffle", "--n", "60000", "--sigma", "9.48", "--method", "corollary1"],
             "shuffle",
             "corollary1",
         ),
-        (["subsampled", "--n", "1000", "--m", "100", "--sigma", "2"], "subsampled", "theorem2"),
+        (["subsampled", "--n", "1000", "--m", "100", "--sigma", "2"], "subsampled", "pld"),
+        (
+            ["subsampled", "--n", "1000", "--m", "100", "--sigma", "2", "--method", "theorem2"],
+            "subsampled",
+            "theorem2",
+        ),
         (
             ["checkin", "--n", "1000", "--rate", "0.1", "--sigma", "2", "--method", "theorem3"],
             "checkin",
@@ -74,7 +85,9 @@ def test_json_rows(capsys, args, mechanism, method):
     rows = [json.loads(line) for line in out.strip().splitlines()]
     assert [r["steps"] for r in rows] == [3, 10]
     for r in rows:
-        assert {"mechanism", "method", "epsilon", "delta", "steps", "order"} <= set(r)
+        assert {"mechanism", "method", "epsilon", "delta", "steps", "assumptions"} <= set(r)
+        assert ("order" in r) == (method != "pld")
+        assert ("epsilon_lower" in r) == (method == "pld")
         assert r["mechanism"] == mechanism and r["method"] == method
         assert r["delta"] == 1e-5
     assert rows[0]["epsilon"] <= rows[1]["epsilon"]
@@ -355,10 +368,13 @@ def test_ldp_shuffle_subsampled_table(capsys):
         "--delta", "1e-6", "--steps", "10",
     )  # fmt: skip
     assert code == 0
+    header = out.splitlines()[0].split()
     row = next(line.split() for line in out.splitlines() if line.startswith("ldp-shuffle"))
     assert row[:6] == ["ldp-shuffle", "pld", "10000", "3", "100", "10"]
     pld = subsampled_ldp_shuffle_pld(n=10_000, m=100, eps0=3.0, steps=10, tail=1e-12)
-    assert float(row[-1]) == pytest.approx(pld.get_epsilon_for_delta(1e-6), abs=1e-6)
+    epsilon = float(row[header.index("epsilon")])
+    assert epsilon == pytest.approx(pld.get_epsilon_for_delta(1e-6), abs=1e-6)
+    assert float(row[header.index("lower")]) <= epsilon
 
 
 @pytest.mark.parametrize(

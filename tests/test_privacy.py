@@ -435,6 +435,7 @@ def test_report_count_mismatch_is_caught_at_the_step():
     log_delta=st.floats(-9, -3),
 )
 def test_calibration_never_overshoots(n, rate, rounds, target, log_delta):
+    # The search on its own, with the Rényi bound (cheap): each pld evaluation builds a pair.
     delta = 10.0**log_delta
     try:
         sigma = shuffle_opacus.calibrate_noise_multiplier(
@@ -444,14 +445,42 @@ def test_calibration_never_overshoots(n, rate, rounds, target, log_delta):
             rounds=rounds,
             rate=rate,
             max_noise_multiplier=1e3,
+            method="exact",
         )
     except ValueError as err:
         assert "not reached" in str(err)
         return
     eps = history_epsilon(
-        [(sigma, rate, rounds)], protocol="checkin", delta=delta, population=n
+        [(sigma, rate, rounds)], protocol="checkin", delta=delta, population=n, method="exact"
     ).epsilon
     assert eps <= target
+
+
+@pytest.mark.parametrize(
+    ("n", "rate", "rounds", "target"),
+    [
+        (500, 0.1, 40, 2.0),  # pld everywhere on the way
+        (300, 0.2, 10, 12.0),  # a target the pld lattice cannot reach: the Rényi bound answers
+    ],
+)
+def test_default_calibration_never_overshoots_and_names_its_method(n, rate, rounds, target):
+    found = shuffle_opacus.calibrate(
+        target_epsilon=target, delta=1e-5, population=n, rounds=rounds, rate=rate
+    )
+    eps = history_epsilon(
+        [(found.noise_multiplier, rate, rounds)],
+        protocol="checkin",
+        delta=1e-5,
+        population=n,
+        method=found.method,
+    ).epsilon
+    assert eps == found.epsilon <= target
+    renyi = shuffle_opacus.calibrate_noise_multiplier(
+        target_epsilon=target, delta=1e-5, population=n, rounds=rounds, rate=rate, method="exact"
+    )
+    # The tighter method never needs more noise (both searches stop within rel_tol = 1e-3).
+    assert found.noise_multiplier <= renyi * (1 + 1e-3)
+    assert (found.method == "pld") == (found.note is None or "limited" in found.note)
 
 
 # --- per-sample gradient modes ------------------------------------------------------------

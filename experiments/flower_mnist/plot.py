@@ -35,7 +35,9 @@ def plot(run_dir: Path, stem: Path) -> tuple[Path, Path]:
         writer.writerows(points)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot([p[1] for p in points], [100 * p[2] for p in points], marker="o", markersize=3)
-    ax.set_xlabel(f"ε (δ = {config['delta']:g}, shuffled check-in, method exact)")
+    ax.set_xlabel(
+        f"ε (δ = {config['delta']:g}, shuffled check-in, replace-one, privacy loss distribution)"
+    )
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(
         f"Flower MNIST: {config['num-nodes']} nodes × {config['examples-per-node']} images, "

@@ -27,6 +27,10 @@ any other method of the protocol
     The reference curves of the analysis (:data:`shuffle_opacus.analysis.MECHANISM_TABLE`):
     Corollary 1 in place of Theorem 1 (no amplification by shuffling), and a trusted server
     adding the same total noise to the sum (a reference, not a guarantee of the protocol).
+``replace-one``
+    Added by itself when ``privacy.sensitivity`` is below replace-one's 2 C (the paper's
+    convention, say): the accountant's default method at replace-one sensitivity, the run's
+    guarantee. The configured curves then show the paper's convention, labelled as such.
 ``clones``
     The approximate-DP baseline of :mod:`shuffle_opacus.analysis.approximate.baselines`: each
     round by the clones method for Gaussian reports (Feldman, McMillan & Talwar, *Hiding Among
@@ -51,10 +55,18 @@ from shuffle_opacus.analysis.approximate.baselines import (
     composed_epsilon,
     round_profile,
 )
+from shuffle_opacus.protocols import SENSITIVITIES, resolve_sensitivity
 
 from .config import BASELINES, ExperimentConfig, curve_names
 
-__all__ = ["CURVE_LABELS", "SPARSE_CURVES", "EpsilonCurves"]
+__all__ = [
+    "CURVE_LABELS",
+    "SPARSE_CURVES",
+    "REPLACE_ONE",
+    "EpsilonCurves",
+    "curve_list",
+    "curve_label",
+]
 
 #: Legend labels of the curves (a method without a label is shown by its name).
 CURVE_LABELS: dict[str, str] = {
@@ -66,7 +78,41 @@ CURVE_LABELS: dict[str, str] = {
     "central": "central DP reference",
     "clones": "clones + check-in + optimal composition (approx. DP)",
     "pld": "shuffle, privacy loss distribution (this package)",
+    "replace-one": "replace-one guarantee (this package, default method)",
 }
+
+#: The curve every run reports at replace-one sensitivity when its config uses a smaller one.
+REPLACE_ONE = "replace-one"
+
+
+def curve_list(config: ExperimentConfig) -> tuple[str, ...]:
+    """Return the curves of a run: ``privacy.accountants``, then ``replace-one`` if needed.
+
+    A run whose ``privacy.sensitivity`` is below replace-one's 2 C (the paper's convention)
+    also reports its guarantee under replace-one adjacency, so that its headline is one.
+    """
+    names = tuple(config.privacy.accountants)
+    if resolve_sensitivity(config.privacy.sensitivity) < SENSITIVITIES["replace-one"]:
+        names += (REPLACE_ONE,)
+    return names
+
+
+def curve_label(name: str, config: ExperimentConfig) -> str:
+    """Return the legend label of curve ``name``; below replace-one it names the convention."""
+    label = CURVE_LABELS.get(name, name)
+    if (
+        name != REPLACE_ONE
+        and name in _CONVENTION_DEPENDENT
+        and (resolve_sensitivity(config.privacy.sensitivity) < SENSITIVITIES["replace-one"])
+    ):
+        label += f", sensitivity {resolve_sensitivity(config.privacy.sensitivity):g} C"
+    return label
+
+
+#: Curves whose value depends on ``privacy.sensitivity`` (all but the clones baseline).
+_CONVENTION_DEPENDENT = frozenset(
+    {"exact", "sum", "theorem3", "corollary1", "pld", "no-shuffle", "central"}
+)
 
 #: Curves too slow to evaluate every round (see :meth:`EpsilonCurves.row`): the baselines.
 SPARSE_CURVES: frozenset[str] = frozenset(BASELINES)
@@ -81,7 +127,7 @@ class EpsilonCurves:
     """
 
     def __init__(self, config: ExperimentConfig, population: int) -> None:
-        self.names: tuple[str, ...] = tuple(config.privacy.accountants)
+        self.names: tuple[str, ...] = curve_list(config)
         self.delta = config.privacy.delta
         self.protocol = get_protocol(config.protocol.kind)
         self.population = population
@@ -93,10 +139,10 @@ class EpsilonCurves:
             sample_size=config.protocol.sample_size,
         )
         self._profiles: dict[str, RoundProfile] = {}
-        self._last: tuple[tuple[int, str | None, str | None, bool], EpsilonResult] | None = None
+        self._last: tuple[tuple[object, ...], EpsilonResult] | None = None
         allowed = curve_names(self.protocol.name)
         for name in self.names:
-            if name not in allowed:
+            if name not in allowed and name != REPLACE_ONE:
                 raise ValueError(
                     f"privacy.accountants: {name} is not available for protocol "
                     f"{self.protocol.name}"
@@ -116,6 +162,8 @@ class EpsilonCurves:
             return 0.0
         if name in self._profiles:
             return composed_epsilon(self._profiles[name], steps=rounds, delta=self.delta)
+        if name == REPLACE_ONE:
+            return self.guarantee(rounds).epsilon
         reference = name if name in self.protocol.references else None
         method = None if reference is not None else name
         if name == "exact":
@@ -126,13 +174,26 @@ class EpsilonCurves:
         """Epsilon after ``rounds`` rounds by the accountant's default method.
 
         ``pld`` where the work limits allow it, else the Rényi bound (the result's ``method``
-        and ``note`` say which): the number ``engine.get_epsilon`` gives.
+        and ``note`` say which), always under replace-one adjacency: the number
+        ``engine.get_epsilon`` gives when the config's sensitivity is replace-one.
 
         Args:
             rounds: Rounds completed.
             lower: Also compute the optimistic estimate of a ``pld`` result.
         """
-        return self._history(rounds, method=None, lower=lower)
+        return self._history(rounds, method=None, lower=lower, sensitivity="replace-one")
+
+    def convention(self, rounds: int) -> EpsilonResult:
+        """Epsilon by the accountant's default method at the config's own sensitivity.
+
+        Below replace-one (the paper's convention) this is the convention's number, which holds
+        only if every clipped update lies that close to every other (see
+        :func:`shuffle_opacus.protocols.sensitivity_label`); :meth:`guarantee` is the guarantee.
+
+        Args:
+            rounds: Rounds completed.
+        """
+        return self._history(rounds, method=None)
 
     def _history(
         self,
@@ -141,8 +202,10 @@ class EpsilonCurves:
         method: str | None,
         reference: str | None = None,
         lower: bool = False,
+        sensitivity: float | str | None = None,
     ) -> EpsilonResult:
-        key = (rounds, method, reference, lower)
+        sens = self.sensitivity if sensitivity is None else sensitivity
+        key = (rounds, method, reference, lower, resolve_sensitivity(sens))
         if self._last is not None and self._last[0] == key:
             return self._last[1]
         with warnings.catch_warnings():
@@ -154,7 +217,7 @@ class EpsilonCurves:
                 protocol=self.protocol,
                 delta=self.delta,
                 population=self.population,
-                sensitivity=self.sensitivity,
+                sensitivity=sens,
                 method=method,
                 reference=reference,
                 lower=lower,

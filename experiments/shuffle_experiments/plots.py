@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .config import ConfigError, load_config  # noqa: E402
-from .curves import CURVE_LABELS  # noqa: E402
+from .curves import curve_label  # noqa: E402
 
 __all__ = ["plot_run"]
 
@@ -34,6 +34,7 @@ _STYLE = {
     "central": {"color": "black", "linestyle": (0, (1, 3))},
     "clones": {"color": "tab:green", "linestyle": "--"},
     "pld": {"color": "tab:brown", "linestyle": "-", "linewidth": 2.2},
+    "replace-one": {"color": "tab:olive", "linestyle": "-", "linewidth": 2.6},
 }
 
 
@@ -103,7 +104,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     for name in names:
         xs = [float(r[f"eps_{name}"]) for r in evals]
         ys = [100.0 * float(r["test_accuracy"]) for r in evals]
-        ax.plot(xs, ys, marker="o", markersize=3, label=CURVE_LABELS.get(name, name),
+        ax.plot(xs, ys, marker="o", markersize=3, label=curve_label(name, config),
                 **_STYLE.get(name, {}))  # fmt: skip
     ax.set_xscale("log")
     ax.set_xlabel(f"epsilon (delta = {delta:g})")
@@ -119,7 +120,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         # it shows even where it has a single point or runs under another curve.
         marks = {"marker": "o", "markersize": 4} if len(have) < len(rows) else {}
         ax.plot([int(r["round"]) for r in have], [float(r[f"eps_{name}"]) for r in have],
-                label=CURVE_LABELS.get(name, name), **_STYLE.get(name, {}), **marks)  # fmt: skip
+                label=curve_label(name, config), **_STYLE.get(name, {}), **marks)  # fmt: skip
     ax.set_yscale("log")
     ax.set_xlabel("rounds")
     ax.set_ylabel(f"epsilon (delta = {delta:g})")

@@ -98,7 +98,7 @@ from shuffle_opacus.clients import (
 from shuffle_opacus.protocols import sensitivity_assumptions, sensitivity_label
 
 from .config import ClientsConfig, ConfigError, ExperimentConfig, load_config, validate
-from .curves import CURVE_LABELS, SPARSE_CURVES, EpsilonCurves
+from .curves import REPLACE_ONE, SPARSE_CURVES, EpsilonCurves, curve_label, curve_list
 from .data import load_mnist
 from .models import build_model
 
@@ -145,6 +145,7 @@ class RunResult:
         guarantee: What the run may claim (:func:`guarantee_record`): the accountant's epsilon
             and method, its optimistic estimate, the neighbouring relation, the sensitivity
             convention, the assumptions and how the seed was chosen.
+        labels: The label of each curve of ``epsilon`` (:func:`~.curves.curve_label`).
     """
 
     run_dir: Path
@@ -157,6 +158,7 @@ class RunResult:
     mean_participants: float
     plots: list[Path] = field(default_factory=list)
     guarantee: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def seconds_per_round(self) -> float:
@@ -287,7 +289,7 @@ def _point_latest_at(run_dir: Path) -> None:
 
 def _metric_columns(config: ExperimentConfig) -> list[str]:
     base = ["round", "participants", "train_loss", "test_loss", "test_accuracy"]
-    return base + [f"eps_{name}" for name in config.privacy.accountants]
+    return base + [f"eps_{name}" for name in curve_list(config)]
 
 
 def _tensors(config: ExperimentConfig) -> tuple[torch.Tensor, ...]:
@@ -933,7 +935,8 @@ def _train(
             last_acc = float(row["test_accuracy"])
     rounds = config.training.rounds
     t = config.training
-    first_curve = config.privacy.accountants[0]
+    names = curve_list(config)
+    first_curve = REPLACE_ONE if REPLACE_ONE in names else names[0]  # the guarantee
     done = start
     bar = _progress(rounds, start, progress)
     saved = start
@@ -1013,6 +1016,7 @@ def _train(
             delta=config.privacy.delta,
             seconds=seconds,
             mean_participants=participants_total / done if done else 0.0,
+            labels={name: curve_label(name, config) for name in session.curves.names},
         )
         if done:
             from .plots import plot_run
@@ -1032,6 +1036,7 @@ def _train(
         delta=config.privacy.delta,
         seconds=seconds,
         mean_participants=participants_total / done if done else 0.0,
+        labels={name: curve_label(name, config) for name in session.curves.names},
     )
     if done == rounds:
         from .plots import plot_run
@@ -1061,11 +1066,7 @@ def guarantee_record(
     """
     result = curves.guarantee(rounds, lower=True) if rounds else None
     protocol = curves.protocol
-    assumptions = [
-        *protocol.analysis.assumptions,
-        *sensitivity_assumptions(config.privacy.sensitivity),
-    ]
-    return {
+    record: dict[str, Any] = {
         "epsilon": result.epsilon if result is not None else 0.0,
         "method": result.method if result is not None else None,
         "epsilon_lower": result.epsilon_lower if result is not None else None,
@@ -1073,14 +1074,22 @@ def guarantee_record(
         "delta": config.privacy.delta,
         "neighbouring": protocol.analysis.neighbouring,
         "unit": "one client" if config.clients is None else "one client (all its examples)",
-        "sensitivity": sensitivity_label(config.privacy.sensitivity),
-        "assumptions": assumptions,
+        "sensitivity": sensitivity_label("replace-one"),
+        "assumptions": list(protocol.analysis.assumptions),
         "seed": (
             f"{config.seed}, given: a reproducible simulation. Whoever knows the seed knows "
             f"every round's participants, and the guarantee does not hold against them; a "
             f"deployment draws its coins from the operating system's entropy"
         ),
     }
+    if REPLACE_ONE in curves.names and rounds:
+        # The config's own convention, beside the guarantee and labelled with what it assumes.
+        record["convention"] = {
+            "sensitivity": sensitivity_label(config.privacy.sensitivity),
+            "epsilon": curves.convention(rounds).epsilon,
+            "assumptions": list(sensitivity_assumptions(config.privacy.sensitivity)),
+        }
+    return record
 
 
 def _check_curves(session: _Session) -> None:
@@ -1268,11 +1277,15 @@ def summary_table(result: RunResult) -> str:
         lines.append(f"seed            {g['seed']}")
         if g.get("note"):
             lines.append(f"note            {g['note']}")
+        if g.get("convention"):
+            c = g["convention"]
+            lines.append(f"convention      epsilon {c['epsilon']:.6g} with {c['sensitivity']}")
     lines.append("")
-    width = max(len(CURVE_LABELS[name]) for name in result.epsilon)
+    labels = {name: result.labels.get(name, name) for name in result.epsilon}
+    width = max(len(label) for label in labels.values())
     lines.append(f"{'accountant'.ljust(width)}  epsilon at delta={result.delta:g}")
     for name, eps in result.epsilon.items():
-        lines.append(f"{CURVE_LABELS[name].ljust(width)}  {eps:.6g}")
+        lines.append(f"{labels[name].ljust(width)}  {eps:.6g}")
     if result.plots:
         lines.append("")
         lines.extend(f"plot            {p}" for p in result.plots if p.suffix == ".png")

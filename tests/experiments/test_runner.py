@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import signal
 import warnings
@@ -84,26 +85,38 @@ def test_smoke_config_end_to_end(tmp_path, capsys):
         profile, steps=cfg.training.rounds, delta=cfg.privacy.delta
     )
     assert float(rows[-1]["eps_clones"]) > float(rows[-1]["eps_exact"])
-    # The exact curve is the package's accountant for the whole history.
+    # The exact curve is the package's Rényi bound for the whole history.
+    expected = history_epsilon(
+        [(cfg.privacy.noise_multiplier, cfg.protocol.rate, cfg.training.rounds)],
+        protocol="checkin", delta=cfg.privacy.delta, population=2000,
+        sensitivity=cfg.privacy.sensitivity, method="exact",
+    ).epsilon  # fmt: skip
+    assert float(rows[-1]["eps_exact"]) == pytest.approx(expected, rel=1e-12)
+    # The pld curve, filled every round, is the accountant's default (tighter than the RDP bound).
     expected = history_epsilon(
         [(cfg.privacy.noise_multiplier, cfg.protocol.rate, cfg.training.rounds)],
         protocol="checkin", delta=cfg.privacy.delta, population=2000,
         sensitivity=cfg.privacy.sensitivity,
-    ).epsilon  # fmt: skip
-    assert float(rows[-1]["eps_exact"]) == pytest.approx(expected, rel=1e-12)
-    # So is the pld curve, with the pld method (tighter than the RDP bound).
-    expected = history_epsilon(
-        [(cfg.privacy.noise_multiplier, cfg.protocol.rate, cfg.training.rounds)],
-        protocol="checkin", delta=cfg.privacy.delta, population=2000,
-        sensitivity=cfg.privacy.sensitivity, method="pld",
-    ).epsilon  # fmt: skip
-    assert float(rows[-1]["eps_pld"]) == expected < float(rows[-1]["eps_exact"])
+    )  # fmt: skip
+    assert expected.method == "pld"
+    assert float(rows[-1]["eps_pld"]) == expected.epsilon < float(rows[-1]["eps_exact"])
+    assert all(row["eps_pld"] for row in rows)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    guarantee = summary["guarantee"]
+    assert guarantee["epsilon"] == expected.epsilon and guarantee["method"] == "pld"
+    assert 0 < guarantee["epsilon_lower"] <= guarantee["epsilon"]
+    assert guarantee["neighbouring"] == "replace-one user"
+    assert any("Theorem 1's pair" in a for a in guarantee["assumptions"])
+    assert "reproducible simulation" in guarantee["seed"]
     # The plotted data are the evaluation rows.
     with (run_dir / "accuracy_vs_epsilon.csv").open(newline="") as fh:
         plotted = list(csv.DictReader(fh))
     assert [p["round"] for p in plotted] == [str(r) for r in evals]
     out = capsys.readouterr().out
-    assert "test accuracy" in out and "shuffle, exact (this package)" in out
+    assert "test accuracy" in out and "shuffle, Rényi bound (this package)" in out
+    assert f"epsilon         {expected.epsilon:.6g} at delta=1e-05 (pld; optimistic" in out
+    assert "guarantee       replace-one user, unit of privacy: one client" in out
+    assert "assumes         Theorem 1's pair" in out and "seed            0, given" in out
     assert str(run_dir / "accuracy_vs_epsilon.png") in out
 
 
@@ -306,7 +319,7 @@ def test_curves_are_the_library_history_computation():
     curves = EpsilonCurves(cfg, 60000)
     for name in cfg.privacy.accountants:
         kind = "reference" if name in ("no-shuffle", "central") else "method"
-        arg = None if name == "exact" else name
+        arg = name  # "exact" is the check-in protocol's Rényi bound, the method of that name
         for steps in (1, 100, 3000):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", OrderCapWarning)  # the curves ignore it too

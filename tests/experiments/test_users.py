@@ -38,8 +38,13 @@ def test_users_smoke_runs_and_resumes_exactly(tmp_path):
     # accountant agrees with this curve).
     expected = history_epsilon(
         [(1.0, 0.1, 10)], protocol="checkin", delta=1e-5, population=200
+    ).epsilon  # the default, pld
+    assert float(table[-1]["eps_pld"]) == pytest.approx(expected, rel=1e-12)
+    renyi = history_epsilon(
+        [(1.0, 0.1, 10)], protocol="checkin", delta=1e-5, population=200, method="exact"
     ).epsilon
-    assert float(table[-1]["eps_exact"]) == pytest.approx(expected, rel=1e-12)
+    assert float(table[-1]["eps_exact"]) == pytest.approx(renyi, rel=1e-12)
+    assert renyi > expected
     part = tmp_path / "part"
     runner.run(cfg, run_dir=part, progress=False, stop_after=7)
     assert torch.load(part / "checkpoint.pt", weights_only=True)["round"] == 5

@@ -341,15 +341,22 @@ class _Chernoff:
         ratio = np.empty(theta.size)
         for start in range(0, theta.size, 16):
             t = theta[start : start + 16, None]
-            z0 = np.where(t > 0, self.hi[None, :], self.lo[None, :])
-            log_m0[start : start + 16] = logsumexp(log_mass[None, :] + t * z0, axis=1)
-            # z e^{t z} on a run is largest at one of its ends; scaled by e^{-log M} against
-            # overflow.
-            scale = log_m0[start : start + 16, None]
-            g = np.maximum(
-                self.lo * np.exp(t * self.lo - scale), self.hi * np.exp(t * self.hi - scale)
+            # The exponent at each run's end that makes M larger (all t of a block share a sign).
+            z0 = self.hi if t[0, 0] > 0 else self.lo
+            exponent = log_mass[None, :] + t * z0[None, :]
+            top = exponent.max(axis=1, keepdims=True)
+            scaled = np.exp(exponent - top)
+            log_m0[start : start + 16] = np.log(scaled.sum(axis=1)) + top[:, 0]
+            # z e^{t z} on a run is largest at one of its ends: at the end z0, mass * z0 * e^{t z0}
+            # is scaled[...] * z0 * e^{top - log M}; the other end is evaluated directly. Scaled by
+            # e^{-log M} against overflow.
+            shift = np.exp(top[:, 0] - log_m0[start : start + 16])[:, None]
+            other = self.lo if t[0, 0] > 0 else self.hi
+            at_z0 = scaled * shift * z0[None, :]
+            at_other = self.mass[None, :] * other[None, :] * np.exp(
+                t * other[None, :] - log_m0[start : start + 16, None]
             )
-            ratio[start : start + 16] = (self.mass[None, :] * g).sum(axis=1)
+            ratio[start : start + 16] = np.maximum(at_z0, at_other).sum(axis=1)
         return log_m0, ratio
 
     def window(self, count: int, budget: float) -> tuple[float, float, float, float]:
