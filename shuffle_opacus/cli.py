@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import re
 import sys
 import threading
@@ -501,6 +502,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, ValueError) as exc:
         print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (``| head``): nothing more to say
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so that the exit flush is silent
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

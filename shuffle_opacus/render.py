@@ -65,8 +65,8 @@ REGIME_NOTES: dict[str, tuple[str, str]] = {
 
 #: The footnote of the ``lower`` column.
 LOWER_NOTE = (
-    "lower: the optimistic estimate of the same pair (pld: a fixed orientation, losses rounded "
-    "down; clones: the method's lower end); the pair's exact epsilon lies in [lower, epsilon]"
+    "lower: the optimistic estimate of the same pair or bound (docs/maths.md); its exact "
+    "epsilon lies in [lower, epsilon]"
 )
 
 

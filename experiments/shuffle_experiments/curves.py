@@ -78,7 +78,7 @@ CURVE_LABELS: dict[str, str] = {
     "central": "central DP reference",
     "clones": "clones + check-in + optimal composition (approx. DP)",
     "pld": "shuffle, privacy loss distribution (this package)",
-    "replace-one": "replace-one guarantee (this package, default method)",
+    "replace-one": "replace-one: the guarantee (this package, pld)",
 }
 
 #: The curve every run reports at replace-one sensitivity when its config uses a smaller one.
@@ -100,12 +100,10 @@ def curve_list(config: ExperimentConfig) -> tuple[str, ...]:
 def curve_label(name: str, config: ExperimentConfig) -> str:
     """Return the legend label of curve ``name``; below replace-one it names the convention."""
     label = CURVE_LABELS.get(name, name)
-    if (
-        name != REPLACE_ONE
-        and name in _CONVENTION_DEPENDENT
-        and (resolve_sensitivity(config.privacy.sensitivity) < SENSITIVITIES["replace-one"])
-    ):
-        label += f", sensitivity {resolve_sensitivity(config.privacy.sensitivity):g} C"
+    sens = resolve_sensitivity(config.privacy.sensitivity)
+    if name in _CONVENTION_DEPENDENT and sens < SENSITIVITIES["replace-one"]:
+        paper = sens == SENSITIVITIES["paper"]
+        label += ", paper's convention (sensitivity C)" if paper else f", sensitivity {sens:g} C"
     return label
 
 

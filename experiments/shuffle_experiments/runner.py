@@ -1077,9 +1077,8 @@ def guarantee_record(
         "sensitivity": sensitivity_label("replace-one"),
         "assumptions": list(protocol.analysis.assumptions),
         "seed": (
-            f"{config.seed}, given: a reproducible simulation. Whoever knows the seed knows "
-            f"every round's participants, and the guarantee does not hold against them; a "
-            f"deployment draws its coins from the operating system's entropy"
+            f"{config.seed} (given): a reproducible simulation; its epsilon does not hold "
+            f"against anyone who knows the seed (a deployment draws its coins from the OS)"
         ),
     }
     if REPLACE_ONE in curves.names and rounds:

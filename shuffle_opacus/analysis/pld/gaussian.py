@@ -97,7 +97,7 @@ import numpy as np
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from scipy import signal
-from scipy.special import logsumexp, ndtr, ndtri
+from scipy.special import ndtr, ndtri
 from scipy.stats import binom
 
 from .._validation import (
@@ -353,8 +353,10 @@ class _Chernoff:
             shift = np.exp(top[:, 0] - log_m0[start : start + 16])[:, None]
             other = self.lo if t[0, 0] > 0 else self.hi
             at_z0 = scaled * shift * z0[None, :]
-            at_other = self.mass[None, :] * other[None, :] * np.exp(
-                t * other[None, :] - log_m0[start : start + 16, None]
+            at_other = (
+                self.mass[None, :]
+                * other[None, :]
+                * np.exp(t * other[None, :] - log_m0[start : start + 16, None])
             )
             ratio[start : start + 16] = np.maximum(at_z0, at_other).sum(axis=1)
         return log_m0, ratio
