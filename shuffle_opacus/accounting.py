@@ -238,11 +238,33 @@ def calibrate(
         return value
 
     with work_budget(max_seconds):
+        start = 1.0
+        if kind == "pld" and record.fallback is not None:
+            # The Rényi bound is cheap and never below pld: its answer meets the target under
+            # pld too, and the search for pld starts there instead of at smaller noise (whose
+            # heavy-tailed pairs are the expensive ones).
+            slope = 2.0
+            try:
+                start = _bisect(
+                    lambda nm: evaluate(nm, record.fallback),  # type: ignore[arg-type]
+                    target_epsilon=target_epsilon,
+                    rel_tol=0.05,
+                    max_noise_multiplier=max_noise_multiplier,
+                )
+                # How fast epsilon falls with the noise there (log-log), for the first step.
+                near = evaluate(start / 1.05, record.fallback)  # type: ignore[arg-type]
+                far = evaluate(start, record.fallback)  # type: ignore[arg-type]
+                if 0.0 < far < near < math.inf:
+                    slope = min(max(math.log(near / far) / math.log(1.05), 0.5), 8.0)
+            except ValueError:
+                start = 1.0
         found = _bisect(
             eps,
             target_epsilon=target_epsilon,
             rel_tol=rel_tol,
             max_noise_multiplier=max_noise_multiplier,
+            start=start,
+            slope=slope if kind == "pld" and record.fallback is not None else 2.0,
         )
     epsilon, name = used[found]
     refused = [nm for nm, (_, how) in used.items() if how != method and nm < found]
@@ -327,11 +349,12 @@ def _bisect(
     rel_tol: float,
     max_noise_multiplier: float,
     start: float = 1.0,
+    slope: float = 2.0,
 ) -> float:
     """Solve ``eps(x) = target`` on ``log(noise_multiplier)``, never overshooting the target.
 
     A bracket ``[low, high]`` with ``eps(high) <= target < eps(low)`` is found from ``start``
-    (upwards by doubling, downwards by extrapolating ``eps ~ x^-2``) and narrowed by the
+    (upwards by doubling, downwards by extrapolating ``eps ~ x^-slope``) and narrowed by the
     Illinois variant of regula falsi on ``log eps`` against ``log x``, each new point kept at
     least half the tolerance away from both ends (a bisection step when the bracket stalls), until
     ``high / low - 1 <= rel_tol``. Every value returned was evaluated and met the target; a
@@ -344,6 +367,7 @@ def _bisect(
         rel_tol: Relative width of the final bracket.
         max_noise_multiplier: Largest noise multiplier tried.
         start: First noise multiplier evaluated.
+        slope: Guess of ``-d log eps / d log x`` for the first step down.
 
     Returns:
         The smallest noise multiplier found with ``eps <= target_epsilon``.
@@ -370,13 +394,17 @@ def _bisect(
         high = min(2.0 * high, max_noise_multiplier)
         g_high = excess(high)
     while True:  # below ``high``, a point that misses the target
-        factor = math.exp(g_high / 2.0) if math.isfinite(g_high) else 0.5
+        # Aim a little past the estimated crossing, so that the step likely brackets it.
+        factor = math.exp(g_high / slope) / (1.0 + rel_tol) if math.isfinite(g_high) else 0.5
         low = high * min(max(factor, 0.5), 1.0 / (1.0 + rel_tol))
         if low < 1e-6:
             return high
         g_low = excess(low)
         if g_low > 0.0:
             break
+        if math.isfinite(g_low) and math.isfinite(g_high) and g_low > g_high:
+            # The secant of the two points met so far, for the next step.
+            slope = min(max((g_low - g_high) / math.log(high / low), 0.5), 8.0)
         high, g_high = low, g_low
     # Invariant: eps(high) <= target < eps(low).
     side = 0
@@ -384,7 +412,7 @@ def _bisect(
     while high / low - 1.0 > rel_tol:
         u_low, u_high = math.log(low), math.log(high)
         width = u_high - u_low
-        if math.isfinite(g_low) and math.isfinite(g_high) and stalled < 2:
+        if math.isfinite(g_low) and math.isfinite(g_high) and stalled < 3:
             u = u_high - g_high * width / (g_high - g_low)
         else:
             u = u_low + width / 2.0

@@ -97,7 +97,7 @@ def test_users_flower_config_has_the_flower_runs_epsilon():
     assert cfg.clients.local_batch_size == app["local-batch-size"]
     assert cfg.clients.client_lr == app["local-lr"]
     assert cfg.training.rounds == flower["rounds"] == app["num-server-rounds"]
-    eps = EpsilonCurves(cfg, cfg.clients.count).epsilon("exact", cfg.training.rounds)
+    eps = EpsilonCurves(cfg, cfg.clients.count).epsilon("pld", cfg.training.rounds)
     assert eps == pytest.approx(flower["epsilon"], rel=1e-9)
 
 
