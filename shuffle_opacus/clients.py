@@ -1013,7 +1013,8 @@ def make_private_clients(
         start_round: First round iteration releases, to resume a run (same seed).
         sensitivity: ``"replace-one"`` (2, default), ``"paper"`` (1) or a number, in units of
             ``C``; see :mod:`shuffle_opacus.protocols`.
-        method: Core analysis method of the accountant; the tightest by default.
+        method: Core analysis method of the accountant; ``None`` (default) is pld, the tightest
+            sound one, or the Rényi bound where pld is beyond the work limits.
         noise_mode: ``"sum"`` (one draw of std ``sigma C sqrt(B_t)`` per parameter tensor) or
             ``"per_client"`` (every client's draw).
         average: ``"expected"`` (divide by the expected reports per round) or ``"reports"``

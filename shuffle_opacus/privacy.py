@@ -68,7 +68,8 @@ class PrivacyOptions:
         start_round: First round to produce, to resume a run (with the same seed).
         sensitivity: ``"replace-one"`` (2, default), ``"paper"`` (1) or a number, in units of
             ``C``; see :mod:`shuffle_opacus.protocols`.
-        method: Core analysis method; the tightest by default.
+        method: Core analysis method; ``None`` (default) is pld, the tightest sound one, or the
+            protocol's Rényi bound where pld is beyond the work limits.
         noise_mode: ``"sum"`` (one draw with std ``sigma C sqrt(B_t)``) or ``"per_client"``.
         loss_reduction: ``"mean"`` or ``"sum"``, matching the training loss.
         grad_sample_mode: Opacus per-sample gradient mode, ``hooks``, ``functorch`` or ``ew``, or
@@ -101,7 +102,7 @@ class _Plan:
     sampler: ShuffleRoundSampler
     population: int
     sensitivity: float
-    method: str
+    method: str | None
     first_example: Any
 
 

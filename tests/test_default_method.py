@@ -33,9 +33,12 @@ def test_engine_get_epsilon_takes_the_method():
     assert engine.accountant.epsilon_result(1e-5).method == "pld"
     assert engine.get_epsilon(delta=1e-5, method="pld") == default
     renyi = engine.get_epsilon(1e-5, method="exact")
-    assert renyi == history_epsilon(
-        [(2.0, 0.25, 6)], protocol="checkin", delta=1e-5, population=N_CLIENTS, method="exact"
-    ).epsilon
+    assert (
+        renyi
+        == history_epsilon(
+            [(2.0, 0.25, 6)], protocol="checkin", delta=1e-5, population=N_CLIENTS, method="exact"
+        ).epsilon
+    )
     assert default < renyi
     with pytest.raises(ValueError, match="method must be one of pld, exact, sum, theorem3"):
         engine.get_epsilon(1e-5, method="nope")

@@ -259,8 +259,8 @@ def checkin_rdp(
         rate: Check-in probability ``gamma`` in ``(0, 1]``.
         sigma: Noise std divided by the L2 distance of the differing user's inputs (> 0).
         orders: Integer Rényi orders >= 2.
-        method: ``"exact"`` (default, tightest), ``"sum"`` or ``"theorem3"``; see the module
-            docstring for what each assumes.
+        method: ``"exact"`` (default, the tightest Rényi bound), ``"sum"`` or ``"theorem3"``;
+            see the module docstring for what each assumes.
         chernoff_delta: ``Delta`` in ``[0, 1]`` of Theorem 3 (``theorem3`` only).
         tail_tolerance: Target share of the tail bounds in the total excess moment (``sum``
             only); a looser value is faster and still an upper bound.
