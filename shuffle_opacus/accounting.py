@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .analysis._validation import check_delta, check_int, check_positive
+from .analysis.epsilon import rounds_epsilon
 from .analysis.limits import (
     API_MAX_SECONDS,
     PldRangeError,
@@ -25,7 +26,7 @@ from .analysis.limits import (
     report_progress,
     work_budget,
 )
-from .analysis.mechanisms import get_mechanism, rounds_epsilon
+from .analysis.mechanisms import get_mechanism
 from .analysis.rdp.conversion import DEFAULT_ORDER_LIMIT, EpsilonResult, OrderCapWarning
 from .analysis.results import conversion_term
 from .protocols import HistoryEntry, Protocol, analysis_sigma, get_protocol, resolve_sensitivity
@@ -238,12 +239,12 @@ def calibrate(
         return value
 
     with work_budget(max_seconds):
-        start = 1.0
-        if kind == "pld" and record.fallback is not None:
+        start, slope = 1.0, 2.0
+        floor = min(conversion_term(order, delta) for order in range(2, DEFAULT_ORDER_LIMIT + 1))
+        if kind == "pld" and record.fallback is not None and target_epsilon >= floor:
             # The Rényi bound is cheap and never below pld: its answer meets the target under
             # pld too, and the search for pld starts there instead of at smaller noise (whose
             # heavy-tailed pairs are the expensive ones).
-            slope = 2.0
             try:
                 start = _bisect(
                     lambda nm: evaluate(nm, record.fallback),  # type: ignore[arg-type]
@@ -264,7 +265,8 @@ def calibrate(
             rel_tol=rel_tol,
             max_noise_multiplier=max_noise_multiplier,
             start=start,
-            slope=slope if kind == "pld" and record.fallback is not None else 2.0,
+            slope=slope,
+            check_cap=kind == "pld",
         )
     epsilon, name = used[found]
     refused = [nm for nm, (_, how) in used.items() if how != method and nm < found]
@@ -350,6 +352,7 @@ def _bisect(
     max_noise_multiplier: float,
     start: float = 1.0,
     slope: float = 2.0,
+    check_cap: bool = False,
 ) -> float:
     """Solve ``eps(x) = target`` on ``log(noise_multiplier)``, never overshooting the target.
 
@@ -368,6 +371,8 @@ def _bisect(
         max_noise_multiplier: Largest noise multiplier tried.
         start: First noise multiplier evaluated.
         slope: Guess of ``-d log eps / d log x`` for the first step down.
+        check_cap: When ``start`` misses the target, look at ``max_noise_multiplier`` first
+            and refuse at once if it misses too (for methods without a floor, like pld).
 
     Returns:
         The smallest noise multiplier found with ``eps <= target_epsilon``.
@@ -385,6 +390,18 @@ def _bisect(
 
     high = min(max(start, 1e-6), max_noise_multiplier)
     g_high = excess(high)
+    if (
+        check_cap
+        and g_high > 0.0
+        and high < max_noise_multiplier
+        and excess(max_noise_multiplier) > 0.0
+    ):
+        # Unreachable (the pld method has no floor, so only the noise cap says so): one look
+        # at the cap instead of every doubling up to it.
+        raise ValueError(
+            f"target_epsilon={target_epsilon} is not reached with noise_multiplier <= "
+            f"{max_noise_multiplier}; raise target_epsilon or max_noise_multiplier."
+        )
     while g_high > 0.0:
         if high >= max_noise_multiplier:
             raise ValueError(

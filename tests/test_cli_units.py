@@ -23,37 +23,45 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize(
-    ("protocol", "flags"),
+    ("protocol", "flags", "method", "target"),
     [
-        ("checkin", ["--n", "2000", "--rate", "0.05"]),
-        ("subsampled", ["--n", "2000", "--m", "100"]),
+        ("checkin", ["--n", "2000", "--rate", "0.05"], [], 0.5),  # the default, pld
+        ("subsampled", ["--n", "2000", "--m", "100"], ["--method", "theorem2"], 2.0),
+        (
+            "checkin",
+            ["--n", "2000", "--rate", "0.05", "--sensitivity", "1.5"],
+            ["--method", "exact"],
+            0.5,
+        ),
     ],
 )
-def test_calibrate_output_pastes_into_account_and_gives_back_the_target(capsys, protocol, flags):
+def test_calibrate_output_pastes_into_account_and_gives_back_the_target(
+    capsys, protocol, flags, method, target
+):
     code, out, _ = run(
-        capsys, "calibrate", protocol, *flags, "--rounds", "60", "--epsilon", "2", "--json"
-    )
+        capsys, "calibrate", protocol, *flags, *method, "--rounds", "60", "--epsilon", str(target),
+        "--json",
+    )  # fmt: skip
     assert code == 0
     row = json.loads(out)
-    assert row["method"] == "pld" and row["epsilon"] <= 2.0
+    assert row["method"] == (method[1] if method else "pld") and row["epsilon"] <= target
     code, out, _ = run(
-        capsys,
-        "account",
-        protocol,
-        *flags,
-        "--noise-multiplier",
-        repr(row["noise_multiplier"]),
-        "--steps",
-        "60",
-        "--json",
-    )
+        capsys, "account", protocol, *flags, *method, "--noise-multiplier",
+        repr(row["noise_multiplier"]), "--steps", "60", "--json",
+    )  # fmt: skip
     assert code == 0
     back = json.loads(out)
-    assert back["method"] == "pld"
+    assert back["method"] == row["method"]
     assert back["epsilon"] == pytest.approx(row["epsilon"], rel=1e-12)
-    assert 2.0 * (1 - 5e-3) <= back["epsilon"] <= 2.0  # the target, to calibrate's tolerance
+    assert target * (1 - 5e-3) <= back["epsilon"] <= target  # calibrate's tolerance
     assert back["noise_multiplier"] == row["noise_multiplier"]
-    assert back["sigma"] == pytest.approx(row["noise_multiplier"] / 2)  # replace-one
+    assert back["sigma"] == pytest.approx(row["noise_multiplier"] / row["sensitivity"])
+    # The old mistake, the noise multiplier read as the analysis sigma, understates epsilon.
+    code, out, _ = run(
+        capsys, "account", protocol, *[f for f in flags if f not in ("--sensitivity", "1.5")],
+        *method, "--sigma", repr(row["noise_multiplier"]), "--steps", "60", "--json",
+    )  # fmt: skip
+    assert json.loads(out)["epsilon"] < 0.7 * target
 
 
 def test_noise_multiplier_with_paper_sensitivity_is_the_sigma_and_labelled(capsys):
@@ -125,7 +133,7 @@ def test_account_default_is_pld_with_bracket_and_assumptions(capsys):
 def test_calibrate_prints_the_guarantee(capsys):
     code, out, _ = run(
         capsys, "calibrate", "checkin", "--n", "2000", "--rate", "0.05", "--rounds", "30",
-        "--epsilon", "3",
+        "--epsilon", "0.8",
     )  # fmt: skip
     assert code == 0
     assert "method=pld" in out and "replace-one" in out and "assumes" in out

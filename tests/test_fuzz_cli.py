@@ -48,7 +48,10 @@ VALID = {
     "ldp-shuffle": ["--n", "1000", "--eps0", "1"],
     "krr": ["--n", "100", "--k", "3", "--gamma", "0.5"],
 }
-CALIBRATE = ["calibrate", "full", "--n", "100", "--rounds", "2", "--epsilon", "8"]
+#: The grid's calibration names the Rényi bound (cheap whatever the values); the default method,
+#: pld, is called once with a valid and once with an unreachable target (end of the grid).
+CALIBRATE = ["calibrate", "full", "--n", "100", "--rounds", "2", "--epsilon", "8", "--method",
+             "theorem1"]  # fmt: skip
 COMMON = ("--delta", "--steps", "--max-order", "--method", "--adversary")
 NUMERIC_FLAGS = ("--n", "--sigma", "--eps0", "--m", "--rate", "--k", "--gamma")
 
@@ -93,6 +96,8 @@ def _calibrate_cases() -> list[list[str]]:
         [*CALIBRATE, "--method", "exact"],  # a method of another protocol
         [*CALIBRATE[:2], "--rounds", "2", "--epsilon", "8"],  # no --n
         [*CALIBRATE, "--epsilon", "1e-300"],  # unreachable target
+        ["calibrate", "full", "--n", "100", "--rounds", "2", "--epsilon", "2"],  # the default
+        ["calibrate", "full", "--n", "100", "--rounds", "2", "--epsilon", "1e-300"],
         ["calibrate", "checkin", "--n", "1000000000000", "--rate", "0.5"]
         + ["--rounds", "10", "--epsilon", "1", "--method", "sum"],
         ["calibrate", "full", "--n", "1000000000000", "--rounds", "1000000000000"]

@@ -459,7 +459,7 @@ def test_calibration_never_overshoots(n, rate, rounds, target, log_delta):
 @pytest.mark.parametrize(
     ("n", "rate", "rounds", "target"),
     [
-        (500, 0.1, 40, 2.0),  # pld everywhere on the way
+        (2000, 0.05, 60, 0.5),  # pld everywhere on the way
         (300, 0.2, 10, 12.0),  # a target the pld lattice cannot reach: the Rényi bound answers
     ],
 )

@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time they load o
         subsample_dp,
     )
     from .catalogue import CATALOGUE, CatalogueEntry, account
+    from .epsilon import compute_epsilon, rounds_epsilon
     from .mechanisms import (
         MECHANISM_TABLE,
         MECHANISMS,
@@ -45,10 +46,8 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time they load o
         Mechanism,
         Method,
         RoundSetting,
-        compute_epsilon,
         get_mechanism,
         per_step_rdp,
-        rounds_epsilon,
     )
     from .montecarlo import MonteCarloEstimate, shuffled_gaussian_delta_mc
     from .pld import (
@@ -114,11 +113,11 @@ _LAZY: dict[str, str] = {
     "Mechanism": ".mechanisms",
     "Method": ".mechanisms",
     "RoundSetting": ".mechanisms",
-    "compute_epsilon": ".mechanisms",
+    "compute_epsilon": ".epsilon",
     "SHUFFLE_ASSUMPTIONS": ".mechanisms",
     "get_mechanism": ".mechanisms",
     "per_step_rdp": ".mechanisms",
-    "rounds_epsilon": ".mechanisms",
+    "rounds_epsilon": ".epsilon",
     "MonteCarloEstimate": ".montecarlo",
     "shuffled_gaussian_delta_mc": ".montecarlo",
     "KRR_ADVERSARIES": ".pld",

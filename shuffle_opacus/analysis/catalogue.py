@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from ._lazy import lazy_function
 from ._validation import check_delta, check_int, check_positive, check_probability, check_sigma
+from .epsilon import compute_epsilon
 from .limits import API_MAX_SECONDS, MAX_ORDER, check_budget, work_budget
-from .mechanisms import MECHANISM_TABLE, Mechanism, compute_epsilon
+from .mechanisms import MECHANISM_TABLE, Mechanism
 from .options import CLONES_METHODS, KRR_ADVERSARIES, LDP_PAIRS, LDP_SHUFFLE_METHODS
 from .results import AccountingResult
 

@@ -9,8 +9,8 @@ setting gets two kinds of per-round PMF, built once and kept:
   with adaptive orientations (up to floating-point rounding);
 * two **optimistic** ones, each orientation of the same lattice pair alone (``P~ || Q~`` and
   ``Q~ || P~``) with every loss rounded *down* to the grid and the left-out masses dropped
-  (``dp_accounting``'s optimistic estimate), on a grid fine enough that the rounding costs a few
-  tenths of a percent of epsilon. A fixed orientation is one adversary the
+  (``dp_accounting``'s optimistic estimate), on a grid up to 32 times finer, so that the
+  rounding costs about half a percent of epsilon or less. A fixed orientation is one adversary the
   replace-one guarantee must cover, so the larger of the two composed epsilons estimates the
   pair's epsilon from below: the pair's exact epsilon lies in ``[lower, upper]``.
 
@@ -36,7 +36,7 @@ __all__ = ["ShuffleRound", "PldEstimate", "shuffle_rounds_epsilon", "LOWER_SHIFT
 LOWER_SHIFT = 2e-3
 """Target of the optimistic estimate's grid: rounds times its step at most this share of epsilon."""
 
-LOWER_REFINE = 64
+LOWER_REFINE = 32
 """The optimistic estimate's grid is at most this many times finer than the reported one."""
 
 
