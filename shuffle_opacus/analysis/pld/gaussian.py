@@ -257,6 +257,27 @@ def _interval(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.where(lo >= 0.0, ndtr(-lo) - ndtr(-hi), ndtr(hi) - ndtr(lo))
 
 
+def _cells(t: np.ndarray) -> np.ndarray:
+    """``P(t_i < X <= t_{i+1})`` for sorted ``t``: :func:`_interval` of its neighbours.
+
+    The same values, with each distribution function evaluated once per point instead of four
+    times per cell: a cell whose lower end is ``>= 0`` uses the upper tail ``ndtr(-t)`` at both
+    ends (both are ``>= 0``), any other cell ``ndtr(t)``.
+    """
+    cells = t.size - 1
+    if cells <= 0:
+        return np.zeros(0)
+    first_pos = int(np.searchsorted(t[:-1], 0.0, side="left"))  # cells i >= it have t_i >= 0
+    out = np.empty(cells)
+    if first_pos:
+        lower = ndtr(t[: first_pos + 1])
+        out[:first_pos] = lower[1:] - lower[:-1]
+    if first_pos < cells:
+        upper = ndtr(-t[first_pos:])
+        out[first_pos:] = upper[:-1] - upper[1:]
+    return out
+
+
 def _survival(x: float) -> float:
     return float(ndtr(-x))
 
@@ -278,9 +299,8 @@ def _term_lattice(a: float, rate: float, x_max: float, step: float) -> tuple[int
     with np.errstate(divide="ignore"):
         t = np.where(w > 0.0, (np.log(np.where(w > 0.0, w, 1.0)) + a * a / 2.0) / a, -np.inf)
     t = np.minimum(t, x_max)
-    lo, hi = t[:-1], t[1:]
-    prob = _interval(lo, hi)
-    first = _interval(lo - a, hi - a)  # E[W; interval]
+    prob = _cells(t)
+    first = _cells(t - a)  # E[W; interval]
     down = (w[1:] * prob - first) / step
     up = (first - w[:-1] * prob) / step
     masses = np.zeros(k.size)
@@ -497,9 +517,8 @@ def _geometric_term(a: float, x_max: float, step: float) -> tuple[int, np.ndarra
     logs = np.arange(k0, k1 + 1) * step
     points = np.concatenate([[0.0], np.exp(logs)])
     t = np.minimum(np.concatenate([[-np.inf], (logs + a * a / 2.0) / a]), x_max)
-    lo, hi = t[:-1], t[1:]
-    prob = _interval(lo, hi)
-    first = _interval(lo - a, hi - a)  # E[W; interval]
+    prob = _cells(t)
+    first = _cells(t - a)  # E[W; interval]
     width = points[1:] - points[:-1]
     masses = np.zeros(points.size)
     masses[:-1] += np.clip((points[1:] * prob - first) / width, 0.0, None)
