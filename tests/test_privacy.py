@@ -456,6 +456,15 @@ def test_calibration_never_overshoots(n, rate, rounds, target, log_delta):
     assert eps <= target
 
 
+def test_default_calibration_refuses_an_unreachable_target_after_one_look_at_the_cap():
+    # pld has no conversion floor: only the noise cap says that a target cannot be met.
+    with pytest.raises(ValueError, match="is not reached with noise_multiplier <= 64"):
+        shuffle_opacus.calibrate(
+            target_epsilon=1e-300, delta=1e-5, population=2000, rounds=3, rate=0.05,
+            max_noise_multiplier=64.0, max_seconds=None,
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("n", "rate", "rounds", "target"),
     [
