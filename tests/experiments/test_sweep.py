@@ -28,6 +28,8 @@ def write_sweep(tmp_path: Path, **body) -> Path:
     base = tmp_path / "base.yaml"
     raw = yaml.safe_load(SMOKE.read_text())
     raw["data"]["train_subset"] = 300
+    # Analysis sigma 1: each trial's summary states the pld guarantee, cheap to build here.
+    raw["privacy"]["noise_multiplier"] = 2.0
     base.write_text(yaml.safe_dump(raw))
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({"base": "base.yaml", "set": COMMON, **body}, sort_keys=False))
