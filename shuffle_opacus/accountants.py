@@ -58,6 +58,8 @@ from .accounting import history_epsilon
 from .analysis._validation import _real, check_int, check_positive, check_probability
 from .analysis.rdp.conversion import EpsilonResult
 from .protocols import Protocol, protocol_for_accountant, resolve_sensitivity
+from .releases import ReleaseRecord, ReplayError
+from .step_guard import StepGuard
 
 __all__ = [
     "ShuffleAccountantBase",
@@ -122,6 +124,8 @@ class ShuffleAccountantBase(IAccountant):
         sensitivity: Sensitivity in units of the clipping norm (2.0 = replace-one).
         method: Core analysis method, or ``None`` for the default (``pld`` where affordable).
         sample_size: Clients per round ``m`` (``subsampled_shuffle`` only).
+        releases: The ``(seed, round)`` pairs released under this accountant
+            (:class:`~shuffle_opacus.releases.ReleaseRecord`); each is released at most once.
     """
 
     name: ClassVar[str] = ""
@@ -133,6 +137,7 @@ class ShuffleAccountantBase(IAccountant):
         self.sensitivity: float = resolve_sensitivity("replace-one")
         self.method: str | None = None
         self.sample_size: int | None = None
+        self.releases = ReleaseRecord()
 
     @classmethod
     def mechanism(cls) -> str:
@@ -311,6 +316,49 @@ class ShuffleAccountantBase(IAccountant):
         else:
             self.history.append((nm, rate, 1))
 
+    def check_unreleased(self, seed: int, start: int, stop: int, what: str = "start_round") -> None:
+        """Refuse a plan to release rounds ``[start, stop)`` of ``seed`` if one was released.
+
+        Args:
+            seed: The sampler's seed.
+            start: First planned round.
+            stop: One past the last planned round.
+            what: The parameter that sets ``start``, for the message.
+
+        Raises:
+            ReplayError: naming the first released round and where new rounds begin.
+        """
+        first = self.releases.first_released(seed, start, stop)
+        if first is not None:
+            resume = self.releases.next_free(seed, first)
+            raise ReplayError(
+                f"{what}={start}: round {first} of seed {seed} was already released under this "
+                f"engine's accountant (it holds rounds up to {resume - 1} of that seed); a "
+                f"second release would reuse its check-ins. Continue with {what}={resume} "
+                f"(rounds count from round 0), or leave seed=None for fresh coins."
+            )
+
+    def release(self, seed: int, t: int, *, noise_multiplier: float, sample_rate: float) -> None:
+        """Record the release of round ``t`` of the sampler seeded ``seed``, once.
+
+        Everything is checked before anything is recorded: a round already released (the same
+        seed and index, whichever trainer or loader released it) is refused, so that no
+        check-in set is counted twice as two independent rounds.
+
+        Args:
+            seed: The sampler's seed.
+            t: The round's index.
+            noise_multiplier: Local noise of one client divided by the clipping norm (> 0).
+            sample_rate: Per-round inclusion probability of one client.
+
+        Raises:
+            ReplayError: if ``(seed, t)`` was released already.
+            ValueError: on a value outside its range or inconsistent with the configuration.
+        """
+        self._check_step(noise_multiplier, sample_rate)
+        self.releases.add(seed, t)
+        self.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate)
+
     def __len__(self) -> int:
         """Return the number of rounds recorded."""
         return int(sum(entry[2] for entry in self.history))
@@ -420,6 +468,7 @@ class ShuffleAccountantBase(IAccountant):
         out["sensitivity"] = self.sensitivity
         out["method"] = self.method
         out["sample_size"] = self.sample_size
+        out["released"] = self.releases.state()
         return out
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -434,7 +483,11 @@ class ShuffleAccountantBase(IAccountant):
         Loading replaces the history, as Opacus's accountants do. Loading a state with fewer
         rounds than the accountant holds therefore lowers epsilon although the later rounds were
         released all the same; that is allowed (to restart training from an earlier point) but
-        warned about with :class:`HistoryRollbackWarning`.
+        warned about with :class:`HistoryRollbackWarning`. The record of released rounds
+        (``state_dict['released']``, absent from states saved before it existed) is added to
+        this accountant's, never replaced: a round released once stays released, so that
+        training again from an earlier point must use new rounds (a later ``start_round`` or
+        another seed).
 
         Args:
             state_dict: Output of :meth:`state_dict`.
@@ -457,6 +510,7 @@ class ShuffleAccountantBase(IAccountant):
                 f"{self.name} accountant."
             )
         history = _read_history(state_dict["history"])
+        released = ReleaseRecord.from_state(state_dict.get("released", []))
         fresh = type(self)()
         if state_dict["population"] is not None:
             fresh.configure(
@@ -502,6 +556,8 @@ class ShuffleAccountantBase(IAccountant):
                 stacklevel=2,
             )
         self.history = history
+        # The record only grows: a round released before a rollback stays released.
+        self.releases.merge(released)
         if fresh.population is not None:
             self.population = fresh.population
             self.sensitivity = fresh.sensitivity
@@ -531,11 +587,17 @@ class ShuffleAccountantBase(IAccountant):
         rounds on their content (for check-in, an empty round is evidence that a client did not
         check in). :func:`shuffle_opacus.make_private` calls this.
 
+        A round is recorded once per accountant: a ``(seed, round)`` pair released before (by
+        another loader or trainer on this engine, or in a loaded state) is refused with
+        :class:`~shuffle_opacus.releases.ReplayError` before its batch is handed out.
+
         The returned hook runs at every noisy step of a
         :class:`~shuffle_opacus.noise.LocalNoiseDPOptimizer` and refuses (``ValueError``, before
         the parameters are updated) a step whose noise multiplier or sample rate is not the one
-        recorded, whose number of reports does not fit the protocol, or that has no released
-        round left to process (more steps than rounds: batches from elsewhere, unaccounted).
+        recorded, whose number of reports does not fit the protocol, or that does not process
+        the private loader's current round exactly once
+        (:class:`~shuffle_opacus.step_guard.StepGuard`, reached as ``hook.guard``; the loader
+        tells it which batch it delivered).
 
         Args:
             sampler: A :class:`~shuffle_opacus.sampling.ShuffleRoundSampler` of this
@@ -563,11 +625,12 @@ class ShuffleAccountantBase(IAccountant):
             population=self.population,  # type: ignore[arg-type]
             sample_size=self.sample_size,
         )
-        counts = {"released": 0, "stepped": 0}
+        guard = StepGuard(self.name)
+        seed = sampler.seed
 
         def release(t: int, batch: list[int]) -> None:
-            self.step(noise_multiplier=sigma, sample_rate=rate)
-            counts["released"] += 1
+            self.release(seed, t, noise_multiplier=sigma, sample_rate=rate)
+            guard.on_release(t, len(batch))
 
         def hook(optimizer: Any) -> None:
             from .noise import LocalNoiseDPOptimizer
@@ -586,15 +649,9 @@ class ShuffleAccountantBase(IAccountant):
                     f"the {self.name} accountant expects {expected} reports per round; this "
                     f"round had {reports}. Is the data loader's sampler the matching one?"
                 )
-            if counts["stepped"] >= counts["released"]:
-                raise ValueError(
-                    f"optimizer.step() #{counts['stepped'] + 1} has no round to process: the "
-                    f"private data loader released {counts['released']} rounds. Step once per "
-                    f"batch of the loader returned by shuffle_opacus.make_private; batches from "
-                    f"elsewhere are not accounted."
-                )
-            counts["stepped"] += 1
+            guard.check_step(reports)
 
+        hook.guard = guard  # type: ignore[attr-defined]
         sampler.attach_release_hook(release)
         return hook
 

@@ -52,6 +52,7 @@ mini-batch order loops over clients (it needs a generator per client, see
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -66,11 +67,12 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
-from .accountants import ACCOUNTANTS, ShuffleAccountantBase
+from .accountants import ShuffleAccountantBase
 from .analysis._validation import check_int, check_positive
 from .clipping import clip_factors
 from .noise import NOISE_MODES, local_noise_sum
-from .privacy import PrivacyOptions, bind_get_epsilon, new_sampler
+from .plan_checks import check_release_plan
+from .privacy import PrivacyOptions, _shuffle_accountant, bind_get_epsilon, new_sampler
 from .protocols import resolve_sensitivity
 from .sampling import FixedSizeShuffledSampler, ShuffleRoundSampler
 
@@ -679,6 +681,7 @@ class FederatedTrainer:
         self._step_grad = vmap(
             grad(self._client_loss, has_aux=True), in_dims=(0, 0, 0, 0), randomness="different"
         )
+        self._built = True
 
     def _client_loss(
         self, params: tuple[Tensor, ...], x: Tensor, y: Tensor, w: Tensor
@@ -695,8 +698,61 @@ class FederatedTrainer:
         return float(self.sampler.expected_batch_size)
 
     def __len__(self) -> int:
-        """Return the number of rounds iteration releases."""
-        return len(self.sampler)
+        """Return the number of rounds iteration still releases (``rounds - next round``)."""
+        return max(0, self.sampler.rounds - self._next_round)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Refuse to change the trainer once it is built (the accountant follows its plan).
+
+        Raises:
+            AttributeError: for every attribute after construction.
+        """
+        if self.__dict__.get("_built", False):
+            raise AttributeError(
+                f"{name} of a FederatedTrainer is fixed once it is built (its accountant records "
+                f"the rounds with the sampler, noise and clients it holds); call "
+                f"make_private_clients again on the same engine for other settings."
+            )
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        """Refuse to delete an attribute.
+
+        Raises:
+            AttributeError: always.
+        """
+        raise AttributeError(f"{name} of a FederatedTrainer cannot be deleted.")
+
+    def _refuse_copy(self, how: str) -> TypeError:
+        return TypeError(
+            f"a FederatedTrainer cannot be {how}: the copy would release rounds its engine's "
+            f"accountant counts once, or not at all. Call make_private_clients again on the "
+            f"same engine (new rounds are accounted with the others)."
+        )
+
+    def __copy__(self) -> FederatedTrainer:
+        """Refuse (see :meth:`_refuse_copy`).
+
+        Raises:
+            TypeError: always.
+        """
+        raise self._refuse_copy("copied")
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FederatedTrainer:
+        """Refuse (see :meth:`_refuse_copy`).
+
+        Raises:
+            TypeError: always.
+        """
+        raise self._refuse_copy("deep-copied")
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Refuse pickling (a pickled trainer would be a copy).
+
+        Raises:
+            TypeError: always.
+        """
+        raise self._refuse_copy("pickled")
 
     def __iter__(self) -> Iterator[RoundResult]:
         """Release the rounds not released yet, up to ``rounds - 1`` (see the class docstring).
@@ -724,12 +780,27 @@ class FederatedTrainer:
         Raises:
             ValueError: if ``round_index`` is out of range or was released already.
         """
-        if round_index < self._next_round:
+        if (
+            isinstance(round_index, bool)
+            or not isinstance(round_index, (int, np.integer))
+            or not self._next_round <= int(round_index) < self.sampler.rounds
+        ):
+            if isinstance(round_index, (int, np.integer)) and 0 <= round_index < self._next_round:
+                raise ValueError(
+                    f"round_index {round_index} was released already (the next round is "
+                    f"{self._next_round}); its clients would be the same again, which the "
+                    f"accountant cannot count as a new round. Release round_index >= "
+                    f"{self._next_round}."
+                )
             raise ValueError(
-                f"round_index {round_index} was released already (the next round is "
-                f"{self._next_round}); its clients would be the same again, which the accountant "
-                f"cannot count as a new round. Release round_index >= {self._next_round}."
+                f"round_index must be an integer in [{self._next_round}, {self.sampler.rounds}) "
+                f"(the planned rounds not released yet). Found {round_index!r}."
             )
+        round_index = int(round_index)
+        # Refuse a round this engine's accountant has seen already, before any work.
+        self.accountant.check_unreleased(
+            self.sampler.seed, round_index, round_index + 1, what="round_index"
+        )
         participants = np.asarray(self.sampler.batch(round_index), dtype=np.int64)
         sums, loss = self._clipped_sum(participants, round_index)
         reports = int(participants.size)
@@ -755,13 +826,16 @@ class FederatedTrainer:
                 secure_mode=self.secure_mode,
             )
             grads[p] = ((total + noise) / denominator).view_as(p)
+        self.accountant.release(
+            self.sampler.seed,
+            round_index,
+            noise_multiplier=self.noise_multiplier,
+            sample_rate=self.sampler.sample_rate,
+        )
         for p, g in grads.items():
             p.grad = g
-        self.accountant.step(
-            noise_multiplier=self.noise_multiplier, sample_rate=self.sampler.sample_rate
-        )
-        self.rounds_released += 1
-        self._next_round = round_index + 1
+        object.__setattr__(self, "rounds_released", self.rounds_released + 1)
+        object.__setattr__(self, "_next_round", round_index + 1)
         return RoundResult(round=int(round_index), reports=reports, local_loss=loss)
 
     def _clipped_sum(
@@ -883,21 +957,6 @@ def _optimizer_params(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
-def _shuffle_accountant(engine: PrivacyEngine) -> ShuffleAccountantBase:
-    accountant = getattr(engine, "accountant", None)
-    if not isinstance(accountant, ShuffleAccountantBase):
-        found = (
-            accountant.mechanism()
-            if accountant is not None and hasattr(accountant, "mechanism")
-            else accountant
-        )
-        raise ValueError(
-            f"engine.accountant must be one of {', '.join(ACCOUNTANTS)} "
-            f"(PrivacyEngine(accountant=...)). Found {found!r}."
-        )
-    return accountant
-
-
 def _check_module(module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     if not isinstance(module, nn.Module):
         raise ValueError(f"module must be a torch.nn.Module. Found {type(module)!r}.")
@@ -923,6 +982,30 @@ def _check_module(module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
             )
 
 
+def _snapshot(module: nn.Module) -> dict[str, Any]:
+    """Everything a forward pass could write into ``module``: tensors and plain attributes."""
+    state: dict[str, Any] = {}
+    for name, sub in module.named_modules():
+        for key, value in vars(sub).items():
+            if key in ("_parameters", "_buffers", "_modules") or key.endswith("hooks"):
+                continue
+            state[f"{name}:{key}"] = value
+        for key, tensor in [*sub._parameters.items(), *sub._buffers.items()]:
+            state[f"{name}.{key}"] = None if tensor is None else tensor.detach().clone()
+    return state
+
+
+def _changed(before: dict[str, Any], after: dict[str, Any]) -> str | None:
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        if isinstance(old, Tensor) and isinstance(new, Tensor):
+            if old.shape != new.shape or not torch.equal(old, new):
+                return key
+        elif old is not new and not (isinstance(old, (bool, int, str, type(None))) and old == new):
+            return key
+    return None
+
+
 def _dry_run(
     module: nn.Module,
     inputs: Tensor,
@@ -930,26 +1013,55 @@ def _dry_run(
     partition: ClientPartition,
     loss_fn: Callable[[Tensor, Tensor], Tensor],
 ) -> None:
-    """Evaluate the loss on up to two examples of client 0; nothing is changed."""
+    """Evaluate the loss on up to two examples of client 0, on a copy of ``module``.
+
+    The copy runs in training mode (as local training does) and, if the module is in evaluation
+    mode, in that mode too; ``module`` itself is never called, so no client data reaches it
+    outside the protocol. A module whose forward pass writes into its state (a buffer, a
+    parameter or a plain attribute, as BatchNorm's running statistics do) is refused: local
+    training would write one client's data into the global model without noise.
+
+    Raises:
+        ValueError: naming the cause (loss, shape, or the attribute the forward pass changed).
+    """
     if not callable(loss_fn):
         raise ValueError(f"loss_fn must be callable. Found {type(loss_fn).__name__}.")
     rows = torch.as_tensor(partition.client(0)[:2], device=inputs.device)
-    state = {k: p.detach() for k, p in module.named_parameters()}
-    state.update(dict(module.named_buffers()))
     try:
-        with torch.no_grad():
-            losses = loss_fn(functional_call(module, state, (inputs[rows],)), targets[rows])
+        probe = copy.deepcopy(module)
     except Exception as exc:  # noqa: BLE001 - any failure becomes one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(
-            f"loss_fn(module(inputs), targets) fails on client 0's examples: {first}"
+            f"module cannot be copied for the set-up check ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); the check runs "
+            f"on a copy so that no client data reaches the model outside the protocol."
         ) from None
-    if not isinstance(losses, Tensor) or tuple(losses.shape) != (rows.numel(),):
-        shape = tuple(losses.shape) if isinstance(losses, Tensor) else type(losses).__name__
-        raise ValueError(
-            f"loss_fn must return one loss per example (shape ({rows.numel()},) here). Found "
-            f"{shape}; e.g. pass reduction='none' to torch's losses."
-        )
+    modes = [True] if module.training else [True, False]
+    for training in modes:
+        probe.train(training)
+        before = _snapshot(probe)
+        try:
+            with torch.no_grad():
+                losses = loss_fn(probe(inputs[rows]), targets[rows])
+        except Exception as exc:  # noqa: BLE001 - any failure becomes one line
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(
+                f"loss_fn(module(inputs), targets) fails on client 0's examples: {first}"
+            ) from None
+        changed = _changed(before, _snapshot(probe))
+        if changed is not None:
+            mode = "training" if training else "evaluation"
+            raise ValueError(
+                f"module's forward pass in {mode} mode changes its state ({changed}): local "
+                f"training would write a client's data into the global model outside the "
+                f"protocol, with no noise and no accounting. Use layers without running state "
+                f"(as for BatchNorm: GroupNorm, or track_running_stats=False)."
+            )
+        if not isinstance(losses, Tensor) or tuple(losses.shape) != (rows.numel(),):
+            shape = tuple(losses.shape) if isinstance(losses, Tensor) else type(losses).__name__
+            raise ValueError(
+                f"loss_fn must return one loss per example (shape ({rows.numel()},) here). "
+                f"Found {shape}; e.g. pass reduction='none' to torch's losses."
+            )
 
 
 def make_private_clients(
@@ -1069,6 +1181,20 @@ def make_private_clients(
     method = spec.check_method(method)
     size = sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None
     accountant.check_configuration(population=n, sensitivity=sens, method=method, sample_size=size)
+    check_release_plan(
+        accountant,
+        seed=sampler.seed,
+        start=sampler.start_round,
+        rounds=max(0, sampler.rounds - sampler.start_round),
+        noise_multiplier=noise_multiplier,
+        max_norm=max_update_norm,
+        population=n,
+        sample_rate=sampler.sample_rate,
+        sensitivity=sens,
+        dtype=next(p for p in module.parameters() if p.requires_grad).dtype,
+        norm_name="max_update_norm",
+        client_lr=training.client_lr,
+    )
     _dry_run(module, inputs, targets, clients, loss_fn)
     if engine.secure_mode:
         warnings.warn(

@@ -45,8 +45,10 @@ from .accounting import calibrate_noise_multiplier
 from .analysis._validation import check_positive
 from .clipping import ClippedSumModule, FastGradientClipper
 from .noise import NOISE_MODES, LocalNoiseDPOptimizer
+from .plan_checks import check_release_plan
 from .protocols import PROTOCOLS, Protocol, resolve_sensitivity
 from .sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler, ShuffleRoundSampler
+from .step_guard import StepGuard
 
 __all__ = ["PrivacyOptions", "make_private", "make_private_with_epsilon"]
 
@@ -311,12 +313,34 @@ def _prepare(
     accountant.check_configuration(
         population=n, sensitivity=sens, method=method, sample_size=sample
     )
+    accountant.check_unreleased(sampler.seed, sampler.next_round, sampler.next_round + len(sampler))
     return _Plan(accountant, spec, sampler, n, sens, method, first)
+
+
+class PrivateDataLoader(DataLoader):
+    """A loader whose batches are the rounds of a shuffle sampler, each one told to a guard.
+
+    As it yields a round's batch it tells the accountant's
+    :class:`~shuffle_opacus.step_guard.StepGuard` that this round is now the current one, so
+    that the next ``optimizer.step()`` is checked against it (with worker processes the sampler
+    releases rounds ahead of the batches the loop sees).
+    """
+
+    _guard: StepGuard | None = None
+
+    def __iter__(self) -> Any:
+        """Yield the batches of the sampler's next rounds (see :class:`DataLoader`)."""
+        if self._guard is not None:
+            self._guard.use_loader()
+        for batch in super().__iter__():
+            if self._guard is not None:
+                self._guard.on_deliver()
+            yield batch
 
 
 def _private_loader(
     data_loader: DataLoader, sampler: ShuffleRoundSampler, first: Any
-) -> DataLoader:
+) -> PrivateDataLoader:
     dataset = data_loader.dataset
     if isinstance(first, (tuple, list)):
         shapes = [(0, *shape_safe(x)) for x in first]
@@ -336,7 +360,7 @@ def _private_loader(
         kwargs["persistent_workers"] = data_loader.persistent_workers
         kwargs["prefetch_factor"] = data_loader.prefetch_factor
         kwargs["multiprocessing_context"] = data_loader.multiprocessing_context
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **kwargs)
+    return PrivateDataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **kwargs)
 
 
 def _make_private(
@@ -351,6 +375,19 @@ def _make_private(
     plan = _prepare(engine, module, optimizer, data_loader, options)
     sampler = plan.sampler
     sample_size = sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None
+    params = [p for p in module.parameters() if p.requires_grad]
+    check_release_plan(
+        plan.accountant,
+        seed=sampler.seed,
+        start=sampler.next_round,
+        rounds=len(sampler),
+        noise_multiplier=noise_multiplier,
+        max_norm=options.max_grad_norm,
+        population=plan.population,
+        sample_rate=sampler.sample_rate,
+        sensitivity=plan.sensitivity,
+        dtype=params[0].dtype if params else torch.get_default_dtype(),
+    )
     if engine.secure_mode:
         warnings.warn(
             "secure_mode protects the noise; client sampling uses numpy's PCG64, which is a "
@@ -392,9 +429,9 @@ def _make_private(
     if isinstance(wrapped, ClippedSumModule):
         dp_optimizer.use_clipped_sums(wrapped)
     # Last: from here on the accountant records every round the sampler releases.
-    dp_optimizer.attach_step_hook(
-        plan.accountant.local_noise_hook(sampler, noise_multiplier=dp_optimizer.noise_multiplier)
-    )
+    hook = plan.accountant.local_noise_hook(sampler, noise_multiplier=dp_optimizer.noise_multiplier)
+    dp_optimizer.attach_step_hook(hook)
+    loader._guard = hook.guard  # type: ignore[attr-defined]
     if engine.dataset is None:
         engine.dataset = data_loader.dataset
     bind_get_epsilon(engine)

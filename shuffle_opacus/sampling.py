@@ -41,12 +41,9 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from .analysis._validation import check_int, check_probability
+from .releases import MAX_ROUND
 
 __all__ = ["ShuffleRoundSampler", "ShuffledCheckInSampler", "FixedSizeShuffledSampler"]
-
-
-#: Largest round index (and ``start_round``) accepted: the rounds' seeds are 64-bit spawn keys.
-MAX_ROUND = 2**63 - 1
 
 
 def _check_seed(seed: int | None) -> int:
@@ -134,6 +131,19 @@ class ShuffleRoundSampler(Sampler[list[int]], abc.ABC):
             TypeError: if a release hook is attached.
         """
         return self._copy()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickle a sampler that no accountant follows; refuse one that is followed.
+
+        Raises:
+            TypeError: if a release hook is attached (the copy would replay its rounds).
+        """
+        if self._release_hook is not None:
+            raise TypeError(
+                f"a {type(self).__name__} that an accountant follows cannot be pickled: the copy "
+                f"would release the same rounds (the same check-ins) a second time."
+            )
+        return super().__reduce_ex__(protocol)
 
     def _copy(self) -> ShuffleRoundSampler:
         if self._release_hook is not None:

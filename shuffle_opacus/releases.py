@@ -1,0 +1,158 @@
+"""The rounds an accountant has seen released, so that no round is released (and counted) twice.
+
+A round's participants are a function of the sampler's seed and the round's index
+(:mod:`shuffle_opacus.sampling`). Releasing the pair ``(seed, t)`` a second time reuses the same
+check-in set, which composition of independent rounds does not cover: the accountant would
+count it as a fresh round while the adversary sees a correlated one. A :class:`ReleaseRecord`
+keeps the released pairs of one accountant as half-open intervals of rounds per seed; the
+accountant refuses a pair it already holds before anything is released.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping
+
+from .analysis._validation import check_int
+
+__all__ = ["MAX_ROUND", "ReleaseRecord", "ReplayError"]
+
+#: Largest round index a sampler may release (the rounds' seeds are 64-bit spawn keys).
+MAX_ROUND = 2**63 - 1
+
+#: Largest seed (numpy's SeedSequence accepts any integer >= 0; the record keeps it as given).
+_MAX_SEED = 2**128
+
+
+class ReplayError(ValueError):
+    """A round ``(seed, t)`` that was released already would be released again."""
+
+
+class ReleaseRecord:
+    """Released rounds per seed, as sorted disjoint half-open intervals ``[start, stop)``."""
+
+    def __init__(self) -> None:
+        """Create an empty record."""
+        self._runs: dict[int, list[list[int]]] = {}
+
+    def __len__(self) -> int:
+        """Return the number of released rounds recorded."""
+        return sum(stop - start for runs in self._runs.values() for start, stop in runs)
+
+    def first_released(self, seed: int, start: int, stop: int) -> int | None:
+        """Return the first released round of ``seed`` in ``[start, stop)``, or ``None``.
+
+        Args:
+            seed: The sampler's seed.
+            start: First round of the range.
+            stop: One past the last round of the range.
+
+        Returns:
+            The smallest released round in the range, or ``None`` if none is.
+        """
+        for run_start, run_stop in self._runs.get(seed, ()):
+            if run_stop > start and run_start < stop:
+                return max(run_start, start)
+        return None
+
+    def next_free(self, seed: int, start: int) -> int:
+        """Return the first round ``>= start`` of ``seed`` that was not released.
+
+        Args:
+            seed: The sampler's seed.
+            start: Where to look from.
+
+        Returns:
+            That round.
+        """
+        for run_start, run_stop in self._runs.get(seed, ()):
+            if run_start <= start < run_stop:
+                return run_stop
+        return start
+
+    def add(self, seed: int, t: int) -> None:
+        """Record round ``t`` of ``seed`` as released.
+
+        Args:
+            seed: The sampler's seed.
+            t: The round.
+
+        Raises:
+            ReplayError: if the round was released already (nothing is changed then).
+        """
+        runs = self._runs.setdefault(seed, [])
+        i = bisect.bisect_right(runs, [t, MAX_ROUND + 1])
+        if i > 0 and runs[i - 1][1] > t:
+            raise ReplayError(
+                f"round {t} of seed {seed} was released already; releasing it again would "
+                f"reuse its check-ins, which the accountant cannot count as a new round."
+            )
+        if i > 0 and runs[i - 1][1] == t:
+            runs[i - 1][1] = t + 1
+            if i < len(runs) and runs[i][0] == t + 1:
+                runs[i - 1][1] = runs[i][1]
+                del runs[i]
+        elif i < len(runs) and runs[i][0] == t + 1:
+            runs[i][0] = t
+        else:
+            runs.insert(i, [t, t + 1])
+
+    def merge(self, other: ReleaseRecord) -> None:
+        """Add every round of ``other`` (a union; rounds held by both are kept once).
+
+        Args:
+            other: Another record.
+        """
+        for seed, runs in other._runs.items():
+            merged = sorted([*self._runs.get(seed, []), *([a, b] for a, b in runs)])
+            out: list[list[int]] = []
+            for start, stop in merged:
+                if out and start <= out[-1][1]:
+                    out[-1][1] = max(out[-1][1], stop)
+                else:
+                    out.append([start, stop])
+            self._runs[seed] = out
+
+    def state(self) -> list[list[int]]:
+        """Return the record as ``[seed, start, stop]`` triples (for a state dict).
+
+        Returns:
+            The triples, sorted.
+        """
+        return [[seed, a, b] for seed in sorted(self._runs) for a, b in self._runs[seed]]
+
+    @classmethod
+    def from_state(cls, raw: object, where: str = "state_dict['released']") -> ReleaseRecord:
+        """Rebuild a record from :meth:`state`; every entry is checked.
+
+        Args:
+            raw: A sequence of ``[seed, start, stop]`` triples.
+            where: Name of the value, for messages.
+
+        Returns:
+            The record.
+
+        Raises:
+            ValueError: one line naming the first malformed entry.
+        """
+        if isinstance(raw, (str, bytes, Mapping)) or not isinstance(raw, Iterable):
+            raise ValueError(
+                f"{where} must be a list of [seed, start, stop] triples. Found "
+                f"{type(raw).__name__}."
+            )
+        record = cls()
+        entries: dict[int, list[list[int]]] = {}
+        for i, entry in enumerate(raw):
+            if isinstance(entry, (str, bytes)) or not isinstance(entry, Iterable):
+                raise ValueError(f"{where}[{i}] must be a [seed, start, stop] triple.")
+            values = list(entry)
+            if len(values) != 3:
+                raise ValueError(f"{where}[{i}] must be a [seed, start, stop] triple.")
+            seed = check_int(f"{where}[{i}] seed", values[0], minimum=0, maximum=_MAX_SEED)
+            start = check_int(f"{where}[{i}] start", values[1], minimum=0, maximum=MAX_ROUND)
+            stop = check_int(f"{where}[{i}] stop", values[2], minimum=start + 1, maximum=MAX_ROUND)
+            entries.setdefault(seed, []).append([start, stop])
+        staged = cls()
+        staged._runs = entries
+        record.merge(staged)
+        return record

@@ -1,0 +1,112 @@
+"""Tie every optimizer step to the one round of the private loader whose batch it processes.
+
+The accountant records a round when the sampler releases it. A step must then process exactly
+that round's batch, once: a step on a batch from elsewhere, or a second step on one round, would
+release data the accountant never saw. A :class:`StepGuard` follows the rounds from release
+(the sampler hands out the clients) to delivery (the private loader yields the batch; with
+worker processes the sampler runs ahead of the loader) to the step, and refuses a step
+
+* when no delivered round is waiting (more steps than batches, or a loader built elsewhere),
+* when the current round was stepped already (a skipped round does not carry over), or
+* when the step's per-sample contributions differ in number from the round's batch.
+
+A round released but never stepped stays accounted; that costs privacy budget, not safety.
+
+Code that iterates the sampler itself (indexing tensors with its batches, as the experiment
+runner does) receives each batch as the sampler releases it: until a private loader starts
+iterating, a released round is current at once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+__all__ = ["StepGuard"]
+
+
+class StepGuard:
+    """Released, delivered and stepped rounds of one private loader.
+
+    Attributes:
+        name: The accountant's name, for messages.
+        released: Rounds released so far.
+        stepped: Steps accepted so far.
+    """
+
+    def __init__(self, name: str) -> None:
+        """Create a guard with nothing released.
+
+        Args:
+            name: The accountant's name, for messages.
+        """
+        self.name = name
+        self.released = 0
+        self.stepped = 0
+        self._pending: deque[tuple[int, int]] = deque()
+        self._current: tuple[int, int] | None = None
+        self._current_stepped = True
+        self._loader = False
+
+    def use_loader(self) -> None:
+        """Switch to loader mode: a released round becomes current when the loader yields it."""
+        self._loader = True
+
+    def on_release(self, t: int, size: int) -> None:
+        """Note that round ``t`` with ``size`` clients was released (sampler side).
+
+        Args:
+            t: The round.
+            size: Its number of clients.
+        """
+        self.released += 1
+        if self._loader:
+            self._pending.append((t, size))
+        else:
+            self._current = (t, size)
+            self._current_stepped = False
+
+    def on_deliver(self) -> None:
+        """Note that the loader yielded the oldest released round's batch: it becomes current."""
+        if self._pending:
+            self._current = self._pending.popleft()
+            self._current_stepped = False
+
+    def check_step(self, reports: int) -> int:
+        """Accept one step of ``reports`` per-sample contributions on the current round.
+
+        Args:
+            reports: Per-sample contributions accumulated since the previous step.
+
+        Returns:
+            The round the step processes.
+
+        Raises:
+            ValueError: if no delivered round waits for a step, the current round was stepped
+                already, or ``reports`` differs from the round's batch size (nothing is
+                recorded then).
+        """
+        if self._current is None:
+            raise ValueError(
+                f"optimizer.step() #{self.stepped + 1} has no round to process: the private data "
+                f"loader has delivered no batch ({self.released} rounds released). Step once per "
+                f"batch of "
+                f"the loader returned by shuffle_opacus.make_private; batches from elsewhere are "
+                f"not accounted."
+            )
+        t, size = self._current
+        if self._current_stepped:
+            raise ValueError(
+                f"optimizer.step() #{self.stepped + 1}: round {t}, the private loader's current "
+                f"batch, was stepped already; one step per round (a skipped round is not carried "
+                f"over, and batches from elsewhere are not accounted)."
+            )
+        if reports != size:
+            raise ValueError(
+                f"optimizer.step() #{self.stepped + 1} processes {reports} per-sample gradients, "
+                f"but round {t} of the private loader released {size} clients: the batch did not "
+                f"come from the loader's current round, which is the only one the {self.name} "
+                f"accountant can cover."
+            )
+        self._current_stepped = True
+        self.stepped += 1
+        return t
