@@ -110,6 +110,13 @@ class _Plan:
 
 def _shuffle_accountant(engine: PrivacyEngine) -> ShuffleAccountantBase:
     accountant = getattr(engine, "accountant", None)
+    held = getattr(getattr(engine, "get_epsilon", None), "bound_accountant", None)
+    if isinstance(held, ShuffleAccountantBase) and held is not accountant and len(held) > 0:
+        raise ValueError(
+            f"engine.accountant was replaced after {len(held)} rounds were released under "
+            f"its earlier accountant; a new accountant would not count them. Restore it, or use "
+            f"a new PrivacyEngine for an independent training."
+        )
     if not isinstance(accountant, ShuffleAccountantBase):
         found = (
             accountant.mechanism()
@@ -446,14 +453,26 @@ def bind_get_epsilon(engine: PrivacyEngine) -> None:
     :meth:`~shuffle_opacus.accountants.ShuffleAccountantBase.get_epsilon`. The instance
     attribute goes with the engine; nothing else of it changes.
 
+    The bound accountant is the one that records the released rounds: if ``engine.accountant``
+    is replaced afterwards, ``engine.get_epsilon`` refuses instead of reporting the new one's
+    (possibly empty) history.
+
     Args:
         engine: An engine whose accountant is one of the package's.
     """
+    bound = engine.accountant
 
     def get_epsilon(delta: float, **kwargs: Any) -> float:
-        return float(engine.accountant.get_epsilon(delta, **kwargs))
+        if engine.accountant is not bound:
+            raise ValueError(
+                "engine.accountant was replaced after training was prepared; the released "
+                "rounds are recorded in the accountant make_private bound, so the new one's "
+                "epsilon would not cover them. Restore it (or use a new PrivacyEngine)."
+            )
+        return float(bound.get_epsilon(delta, **kwargs))
 
     get_epsilon.__doc__ = ShuffleAccountantBase.get_epsilon.__doc__
+    get_epsilon.bound_accountant = bound  # type: ignore[attr-defined]
     engine.get_epsilon = get_epsilon  # type: ignore[method-assign]
 
 

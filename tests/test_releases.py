@@ -336,3 +336,15 @@ def test_a_followed_sampler_cannot_be_pickled():
     engine, net, opt, private_loader = private("shuffled_checkin")
     with pytest.raises(TypeError, match="follows cannot be pickled"):
         pickle.dumps(private_loader.batch_sampler)
+
+
+def test_a_replaced_engine_accountant_is_refused():
+    engine = PrivacyEngine(accountant="shuffled_checkin")
+    run, opt = users(engine)
+    for _ in run:
+        opt.step()
+    engine.accountant = type(engine.accountant)()
+    with pytest.raises(ValueError, match="engine.accountant was replaced"):
+        engine.get_epsilon(1e-5)
+    with pytest.raises(ValueError, match="replaced after 6 rounds"):
+        users(engine, seed=1)
