@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from shuffle_opacus.analysis.pld.gaussian import shuffle_gaussian_pair  # noqa: E402
+from shuffle_opacus.analysis.pld.shuffle_gaussian import shuffle_gaussian_pair  # noqa: E402
 from tests.oracles import shuffle_hockey_quadrature  # noqa: E402
 from tests.placements import (  # noqa: E402
     MIN_NONZERO,

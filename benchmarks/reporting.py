@@ -27,7 +27,7 @@ import resource  # noqa: E402
 import time  # noqa: E402
 
 from shuffle_opacus import history_epsilon  # noqa: E402
-from shuffle_opacus.analysis.pld.gaussian import (  # noqa: E402
+from shuffle_opacus.analysis.pld.shuffle_gaussian import (  # noqa: E402
     pld_discretization,
     pld_tail,
     shuffle_gaussian_pair,

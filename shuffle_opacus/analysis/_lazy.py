@@ -19,7 +19,7 @@ def lazy_function(module: str, name: str) -> Callable[..., Any]:
     """Return a stand-in for ``module.name`` that imports the module on its first call.
 
     Args:
-        module: Absolute module name (``shuffle_opacus.analysis.pld.gaussian``).
+        module: Absolute module name (``shuffle_opacus.analysis.pld.shuffle_gaussian``).
         name: The function's name in that module.
 
     Returns:

@@ -33,8 +33,10 @@ from .results import PLD_ACCOUNTING_SYMMETRISED, AccountingResult
 if TYPE_CHECKING:
     from .pld.rounds import PldEstimate
 
-pld_discretization = lazy_function("shuffle_opacus.analysis.pld.gaussian", "pld_discretization")
-pld_tail = lazy_function("shuffle_opacus.analysis.pld.gaussian", "pld_tail")
+pld_discretization = lazy_function(
+    "shuffle_opacus.analysis.pld.shuffle_gaussian", "pld_discretization"
+)
+pld_tail = lazy_function("shuffle_opacus.analysis.pld.shuffle_gaussian", "pld_tail")
 
 __all__ = ["rounds_epsilon", "compute_epsilon"]
 

@@ -68,8 +68,8 @@ if TYPE_CHECKING:
 
 # The maths behind the table, imported when first used (the table itself stays light).
 _A = "shuffle_opacus.analysis."
-pld_discretization = lazy_function(_A + "pld.gaussian", "pld_discretization")
-pld_tail = lazy_function(_A + "pld.gaussian", "pld_tail")
+pld_discretization = lazy_function(_A + "pld.shuffle_gaussian", "pld_discretization")
+pld_tail = lazy_function(_A + "pld.shuffle_gaussian", "pld_tail")
 shuffle_rounds_epsilon = lazy_function(_A + "pld.rounds", "shuffle_rounds_epsilon")
 shuffle_round = lazy_function(_A + "pld.rounds", "ShuffleRound")
 gaussian_rdp = lazy_function(_A + "rdp.central", "gaussian_rdp")

@@ -22,7 +22,10 @@ import math
 import numpy as np
 import pytest
 
-from shuffle_opacus.analysis.pld.gaussian import shuffle_gaussian_delta, shuffle_gaussian_pair
+from shuffle_opacus.analysis.pld.shuffle_gaussian import (
+    shuffle_gaussian_delta,
+    shuffle_gaussian_pair,
+)
 from tests.oracles import shuffle_hockey_quadrature
 from tests.placements import (
     ORIENTATIONS,

@@ -64,7 +64,7 @@ def test_epsilon_scan_matches_dp_accounting_on_random_pmfs():
 
 def test_a_result_does_not_depend_on_what_was_asked_before():
     # A resumed run asks for round 800 first; an uninterrupted one asked for 1..799 before.
-    from shuffle_opacus.analysis.pld.gaussian import shuffle_gaussian_pair, symmetric_pmf
+    from shuffle_opacus.analysis.pld.shuffle_gaussian import shuffle_gaussian_pair, symmetric_pmf
 
     pair = shuffle_gaussian_pair(n=500, sigma=1.0, rate=0.1, tail=1e-13)
     fresh = PmfPowers(symmetric_pmf(pair, 2.0**-10, 2.5e-14))

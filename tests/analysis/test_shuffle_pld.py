@@ -1,4 +1,4 @@
-"""The privacy loss distribution of the shuffle Gaussian (analysis.pld.gaussian).
+"""The privacy loss distribution of the shuffle Gaussian (analysis.pld.shuffle_gaussian).
 
 Oracles, none sharing code with the module:
 * n = 1 is the Gaussian mechanism: the analytic profile of Balle & Wang (arXiv:1805.06530);
@@ -25,7 +25,7 @@ from shuffle_opacus.analysis.approximate.analytic_gaussian import (
     gaussian_dp_epsilon,
 )
 from shuffle_opacus.analysis.pld.common import compose_plds
-from shuffle_opacus.analysis.pld.gaussian import (
+from shuffle_opacus.analysis.pld.shuffle_gaussian import (
     pld_discretization,
     shuffle_gaussian_delta,
     shuffle_gaussian_epsilon,

@@ -26,7 +26,7 @@ from scipy.optimize import brentq
 
 from shuffle_opacus.analysis import compute_epsilon
 from shuffle_opacus.analysis.approximate.analytic_gaussian import gaussian_dp_epsilon
-from shuffle_opacus.analysis.pld.gaussian import (
+from shuffle_opacus.analysis.pld.shuffle_gaussian import (
     shuffle_gaussian_delta,
     shuffle_gaussian_epsilon,
     shuffle_gaussian_pair,

@@ -6,7 +6,8 @@
   randomisers its errata allow);
 * :mod:`.krr`: shuffled k-randomised response against the strong and weak adversaries (same
   paper, §4);
-* :mod:`.gaussian`: the shuffle Gaussian itself (plain, subsampled, check-in), the ``pld`` method;
+* :mod:`.shuffle_gaussian`: the shuffle Gaussian itself (plain, subsampled, check-in), the
+  ``pld`` method;
 * :mod:`.common`: defaults, checks, pessimistic binning and heterogeneous composition.
 """
 
@@ -22,12 +23,6 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time they load o
         default_tail,
         pmf_from_losses,
     )
-    from .gaussian import (
-        shuffle_gaussian_delta,
-        shuffle_gaussian_epsilon,
-        shuffle_gaussian_pair,
-        shuffle_gaussian_pld,
-    )
     from .krr import KRR_ADVERSARIES, krr_delta, krr_eps0, krr_epsilon, krr_pld, krr_tail_delta
     from .ldp import (
         MAX_EPS0,
@@ -41,6 +36,12 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time they load o
         subsampled_profile,
     )
     from .ldp_pairs import LDP_PAIRS, clone_probability, stronger_pair_applies
+    from .shuffle_gaussian import (
+        shuffle_gaussian_delta,
+        shuffle_gaussian_epsilon,
+        shuffle_gaussian_pair,
+        shuffle_gaussian_pld,
+    )
 
 _LAZY: dict[str, str] = {
     "DEFAULT_DISCRETIZATION": ".common",
@@ -48,10 +49,10 @@ _LAZY: dict[str, str] = {
     "compose_plds": ".common",
     "default_tail": ".common",
     "pmf_from_losses": ".common",
-    "shuffle_gaussian_delta": ".gaussian",
-    "shuffle_gaussian_epsilon": ".gaussian",
-    "shuffle_gaussian_pair": ".gaussian",
-    "shuffle_gaussian_pld": ".gaussian",
+    "shuffle_gaussian_delta": ".shuffle_gaussian",
+    "shuffle_gaussian_epsilon": ".shuffle_gaussian",
+    "shuffle_gaussian_pair": ".shuffle_gaussian",
+    "shuffle_gaussian_pld": ".shuffle_gaussian",
     "KRR_ADVERSARIES": ".krr",
     "krr_delta": ".krr",
     "krr_eps0": ".krr",

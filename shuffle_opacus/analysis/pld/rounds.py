@@ -4,9 +4,9 @@ The ``pld`` method of the shuffle, subsampled and check-in mechanisms. Each dist
 setting gets two kinds of per-round PMF, built once and kept:
 
 * the **pessimistic** one: the symmetrised dominating pair of
-  :mod:`~shuffle_opacus.analysis.pld.gaussian` by connect-the-dots, with every left-out mass at
-  infinity. Composed, it gives the reported epsilon, an upper bound for replace-one adjacency
-  with adaptive orientations (up to floating-point rounding);
+  :mod:`~shuffle_opacus.analysis.pld.shuffle_gaussian` by connect-the-dots, with every left-out
+  mass at infinity. Composed, it gives the reported epsilon, an upper bound for replace-one
+  adjacency with adaptive orientations (up to floating-point rounding);
 * two **optimistic** ones, each orientation of the same lattice pair alone (``P~ || Q~`` and
   ``Q~ || P~``) with every loss rounded *down* to the grid and the left-out masses dropped
   (``dp_accounting``'s optimistic estimate), on a grid up to 32 times finer, so that the
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 from dp_accounting.pld import pld_pmf
 
-from .gaussian import pld_discretization, pld_tail, shuffle_gaussian_pair, symmetric_pmf
 from .powers import PmfPowers, compose_powers, epsilon_for_delta
+from .shuffle_gaussian import pld_discretization, pld_tail, shuffle_gaussian_pair, symmetric_pmf
 
 __all__ = ["ShuffleRound", "PldEstimate", "shuffle_rounds_epsilon", "LOWER_SHIFT", "LOWER_REFINE"]
 
@@ -112,8 +112,8 @@ def shuffle_rounds_epsilon(
 
     Neighbouring relation: replace one user, the other users at a common value (Theorem 1's
     pair), either orientation in each round. The rounds share the finest default grid step of
-    their settings (:func:`~.gaussian.pld_discretization`); each leaves out
-    :func:`~.gaussian.pld_tail` of ``delta`` and the total number of rounds.
+    their settings (:func:`~.shuffle_gaussian.pld_discretization`); each leaves out
+    :func:`~.shuffle_gaussian.pld_tail` of ``delta`` and the total number of rounds.
 
     Args:
         rounds: ``(setting, count)`` pairs with counts >= 1 (validated settings).
@@ -125,7 +125,7 @@ def shuffle_rounds_epsilon(
 
     Raises:
         ValueError: on an empty ``rounds``, or a setting the pair's engines cannot evaluate
-            (see :func:`~.gaussian.shuffle_gaussian_pair`).
+            (see :func:`~.shuffle_gaussian.shuffle_gaussian_pair`).
     """
     merged: dict[ShuffleRound, int] = {}  # rounds with one setting compose as one block
     for setting, count in rounds:

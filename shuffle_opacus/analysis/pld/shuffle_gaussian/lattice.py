@@ -1,0 +1,277 @@
+"""The lattice engine: the law of S on a uniform lattice, by binary powering with Chernoff cuts.
+
+See :mod:`shuffle_opacus.analysis.pld.shuffle_gaussian` and docs/maths.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import signal
+
+from ...limits import PldRangeError
+from .pair import (
+    _MGF_BINS,
+    MAX_LATTICE_POINTS,
+    ShuffleGaussianPair,
+    _cells,
+    _frozen_pair,
+    _lattice_step,
+    _report_cut,
+    _survival,
+)
+
+
+def _term_lattice(a: float, rate: float, x_max: float, step: float) -> tuple[int, np.ndarray]:
+    """One term ``Z = B (W - 1)`` (cut at ``x <= x_max``) spread onto the lattice ``step * Z``.
+
+    The mass of ``W - 1`` between two lattice points is split between them so that its mean is
+    kept: ``(w_{k+1} P - E)/h`` to the lower one and ``(E - w_k P)/h`` to the upper one, with
+    ``P`` and ``E = E[W; interval]`` from the normal distribution function
+    (``E[W 1{x <= t}] = Phi(t - a)``).
+    """
+    per_unit = round(1.0 / step)
+    w_max = math.exp(a * x_max - a * a / 2.0)
+    top = math.ceil((w_max - 1.0) / step)
+    k = np.arange(-per_unit, top + 1, dtype=np.int64)
+    w = 1.0 + k * step
+    w[0] = 0.0  # exactly -1 + 1
+    with np.errstate(divide="ignore"):
+        t = np.where(w > 0.0, (np.log(np.where(w > 0.0, w, 1.0)) + a * a / 2.0) / a, -np.inf)
+    t = np.minimum(t, x_max)
+    prob = _cells(t)
+    first = _cells(t - a)  # E[W; interval]
+    down = (w[1:] * prob - first) / step
+    up = (first - w[:-1] * prob) / step
+    masses = np.zeros(k.size)
+    masses[:-1] += np.clip(down, 0.0, None)
+    masses[1:] += np.clip(up, 0.0, None)
+    masses *= rate
+    masses[per_unit] += 1.0 - rate  # the atom at Z = 0 (no report, or rate = 1: nothing)
+    return -per_unit, masses
+
+
+def _convolve(a: tuple[int, np.ndarray], b: tuple[int, np.ndarray]) -> tuple[int, np.ndarray]:
+    # FFT noise is left signed here (it averages out) and set to zero once, at the end.
+    return a[0] + b[0], signal.convolve(a[1], b[1], method="auto")
+
+
+class _Chernoff:
+    """Tail bounds of a sum of ``J`` i.i.d. lattice terms, and of its tilted version.
+
+    For a term's lattice measure ``mu`` (mass <= 1, mean <= 0) with ``M(t) = sum mu(z) e^{t z}``
+    and ``T`` the sum of ``J`` terms: ``E[(1 + T/n) 1{T >= s}] <= e^{-t s} (M^J + J/n M^{J-1}
+    M')`` for ``t > 0`` (the tilt that turns ``Q`` into ``P``; for ``s >= 0`` it also bounds the
+    ``Q`` mass); below, ``(1 + T/n) <= 1`` for ``T <= 0`` and ``Q(T <= s) <= e^{t s} M(-t)^J``.
+    Each bound is minimised over a grid of ``t``. A large lattice is first merged into at most
+    ``_MGF_BINS`` runs of neighbouring points, each represented by the end that makes ``M`` and
+    ``M'`` larger (``z e^{t z}`` is largest at an end of an interval), so the bounds stay valid.
+    """
+
+    def __init__(self, term: tuple[int, np.ndarray], step: float, n: int) -> None:
+        offset, masses = term
+        # The lowest points exactly (the lower tail needs them), the rest merged into runs.
+        exact = min(masses.size, _MGF_BINS)
+        rest = masses[exact:]
+        width = max(1, math.ceil(rest.size / _MGF_BINS))
+        pad = (-rest.size) % width
+        grouped = np.concatenate([rest, np.zeros(pad)]).reshape(-1, width)
+        first = offset + exact + np.arange(grouped.shape[0]) * width
+        starts = np.concatenate([offset + np.arange(exact), first])
+        ends = np.concatenate([offset + np.arange(exact), first + width - 1])
+        mass = np.concatenate([masses[:exact], grouped.sum(axis=1)])
+        keep = mass > 0
+        self.mass = mass[keep]
+        self.lo = starts[keep] * step
+        self.hi = ends[keep] * step
+        self.n = n
+        # e^{t z} stays below e^60: above, z reaches the top of the lattice; below, z >= -1 for
+        # every report, so the lower tail can use much larger t.
+        span_up = max(float(self.hi.max()), step)
+        span_down = max(-float(self.lo.min()), step)
+        self.thetas = np.geomspace(1e-6, 60.0, 240) / span_up
+        self.thetas_down = np.geomspace(1e-6, 60.0, 240) / span_down
+        self._up = self._mgf(self.thetas)
+        self._down = self._mgf(-self.thetas_down)
+
+    def _mgf(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Upper bounds on ``log M(t)`` and on ``M'(t) / M(t)`` at each ``t``."""
+        log_mass = np.log(self.mass)
+        log_m0 = np.empty(theta.size)
+        ratio = np.empty(theta.size)
+        for start in range(0, theta.size, 16):
+            t = theta[start : start + 16, None]
+            # The exponent at each run's end that makes M larger (all t of a block share a sign).
+            z0 = self.hi if t[0, 0] > 0 else self.lo
+            exponent = log_mass[None, :] + t * z0[None, :]
+            top = exponent.max(axis=1, keepdims=True)
+            scaled = np.exp(exponent - top)
+            log_m0[start : start + 16] = np.log(scaled.sum(axis=1)) + top[:, 0]
+            # z e^{t z} on a run is largest at one of its ends: at the end z0, mass * z0 * e^{t z0}
+            # is scaled[...] * z0 * e^{top - log M}; the other end is evaluated directly. Scaled by
+            # e^{-log M} against overflow.
+            shift = np.exp(top[:, 0] - log_m0[start : start + 16])[:, None]
+            other = self.lo if t[0, 0] > 0 else self.hi
+            at_z0 = scaled * shift * z0[None, :]
+            at_other = (
+                self.mass[None, :]
+                * other[None, :]
+                * np.exp(t * other[None, :] - log_m0[start : start + 16, None])
+            )
+            ratio[start : start + 16] = np.maximum(at_z0, at_other).sum(axis=1)
+        return log_m0, ratio
+
+    def window(self, count: int, budget: float) -> tuple[float, float, float, float]:
+        """Return a range ``[low, high]`` of the sum of ``count`` terms and the masses outside.
+
+        Returns:
+            ``(low, high, q_out, p_out)``: bounds on the ``Q`` mass and on the tilted ``P`` mass
+            of ``T < low`` plus ``T > high``, each at most ``budget``.
+        """
+        half = math.log(budget / 2.0)
+        log_m0, ratio = self._up
+        log_tilted = count * log_m0 + np.log(np.maximum(1.0 + count / self.n * ratio, 1e-300))
+        highs = np.maximum((log_tilted - half) / self.thetas, 0.0)
+        i = int(np.argmin(highs))
+        high = float(highs[i])
+        p_high = math.exp(log_tilted[i] - self.thetas[i] * high)
+        log_down, _ = self._down
+        lows = np.minimum(-(count * log_down - half) / self.thetas_down, 0.0)
+        j = int(np.argmax(lows))
+        low = float(lows[j])
+        q_low = math.exp(count * log_down[j] + self.thetas_down[j] * low)
+        return low, high, q_low + p_high, p_high + q_low
+
+
+def _cut(
+    part: tuple[int, np.ndarray],
+    count: int,
+    bounds: _Chernoff,
+    *,
+    step: float,
+    budget: float,
+) -> tuple[tuple[int, np.ndarray], float, float]:
+    """Keep the lattice points of a sum of ``count`` terms inside its Chernoff window.
+
+    Returns:
+        The kept part and the bounds on the ``Q`` mass and the tilted ``P`` mass cut off.
+    """
+    offset, masses = part
+    low, high, q_out, p_out = bounds.window(count, budget)
+    lo = max(0, math.floor(low / step) - offset)
+    hi = min(masses.size, math.ceil(high / step) - offset + 1)
+    if lo == 0 and hi == masses.size:
+        return part, 0.0, 0.0
+    return (offset + lo, masses[lo:hi].copy()), q_out, p_out
+
+
+def _power(
+    term: tuple[int, np.ndarray], count: int, bounds: _Chernoff, *, step: float, budget: float
+) -> tuple[tuple[int, np.ndarray], float, float]:
+    """``count``-fold convolution of the term by binary powering, cut to Chernoff windows."""
+    per_cut = budget / max(1, 2 * count.bit_length())
+    cut_q = cut_p = 0.0
+    result: tuple[int, np.ndarray] | None = None
+    result_terms = 0
+    power, power_terms = term, 1
+    remaining = count
+    while remaining:
+        if remaining & 1:
+            if result is None:
+                result, result_terms = power, power_terms
+            else:
+                result_terms += power_terms
+                result, dq, dp = _cut(
+                    _convolve(result, power), result_terms, bounds, step=step, budget=per_cut
+                )
+                cut_q, cut_p = cut_q + dq, cut_p + dp
+        remaining >>= 1
+        if remaining:
+            power_terms *= 2
+            power, dq, dp = _cut(
+                _convolve(power, power), power_terms, bounds, step=step, budget=per_cut
+            )
+            cut_q, cut_p = cut_q + dq, cut_p + dp
+            if power[1].size > MAX_LATTICE_POINTS:
+                raise PldRangeError(
+                    f"sigma is too small for the pld method at this n: the sum of reports would "
+                    f"need more than {MAX_LATTICE_POINTS} lattice points; raise sigma or use an "
+                    f"RDP method."
+                )
+    assert result is not None  # count >= 1
+    offset, masses = result
+    return (offset, np.clip(masses, 0.0, None)), cut_q, cut_p
+
+
+def _lattice_pair(
+    n: int, terms: int, gamma: float, sigma: float, tail: float, spread: float
+) -> ShuffleGaussianPair:
+    a = 1.0 / sigma
+    # 1. the report coordinate (see _report_cut).
+    x_max, infinity_add, infinity_remove = _report_cut(a, gamma, terms, n, tail)
+    # 2. the lattice (see _lattice_step).
+    step, w_max = _lattice_step(a, gamma, terms, x_max, spread)
+    if step is None:
+        raise PldRangeError(
+            f"sigma={sigma!r} is too small for the pld method at n={n}: one report's likelihood "
+            f"ratio reaches {w_max:.3g}, more than the {MAX_LATTICE_POINTS}-point lattice can "
+            f"hold; raise sigma or use an RDP method."
+        )
+    term = _term_lattice(a, gamma, x_max, step)
+    # 3. the rare big values: split the term at u, where two big terms among all N are far
+    # less likely than one cut's budget. Then S = (N small terms) + N x (N - 1 small terms and one
+    # big term) + (two or more big terms, bounded). Only heavy tails (small sigma) have any.
+    budget = tail / 4.0
+    per_cut = budget / (2 * terms.bit_length() + 2)
+    p_target = math.sqrt(per_cut / 8.0) / terms
+    above = np.cumsum(term[1][::-1])[::-1]
+    big_from = max(int(np.searchsorted(-above, -p_target, side="left")), -term[0] + 1)
+    small = (term[0], term[1][:big_from])
+    big = (term[0] + big_from, term[1][big_from:])
+    p_big = float(big[1].sum())
+    bounds = _Chernoff(small, step, n)
+    if terms > 1:
+        rest, cut_q, cut_p = _power(small, terms - 1, bounds, step=step, budget=budget)
+        whole, dq, dp = _cut(_convolve(rest, small), terms, bounds, step=step, budget=per_cut)
+    else:
+        rest, cut_q, cut_p = (0, np.ones(1)), 0.0, 0.0
+        whole, dq, dp = small, 0.0, 0.0
+    offset, masses = whole[0], np.clip(whole[1], 0.0, None)
+    infinity_add += cut_q + dq
+    infinity_remove += cut_p + dp
+    if p_big > 0.0:
+        z_top = (big[0] + big[1].size - 1) * step
+        one_big = _convolve(rest, big)
+        start = min(offset, one_big[0])
+        stop = max(offset + masses.size, one_big[0] + one_big[1].size)
+        combined = np.zeros(stop - start)
+        combined[offset - start : offset - start + masses.size] += masses
+        combined[one_big[0] - start : one_big[0] - start + one_big[1].size] += terms * np.clip(
+            one_big[1], 0.0, None
+        )
+        offset, masses = start, combined
+        # The cuts of the N - 1 small terms also removed the one-big-term part, and two or more
+        # big terms (at most (Np)^2/2 e^{Np}) go to infinity; with the tilt (1 + T/n), the big
+        # term adds at most z_top/n, and E[Z; big] <= gamma Phi(a - x_u) (Z + h <= W).
+        jp = terms * p_big
+        several = 0.5 * jp * jp * math.exp(jp)
+        z_split = (big[0] - 1) * step
+        big_mean = gamma * _survival((math.log1p(z_split) + a * a / 2.0) / a - a)
+        infinity_add += jp * cut_q + several
+        infinity_remove += jp * (cut_p + z_top / n * cut_q) + several
+        infinity_remove += terms / n * (big_mean * jp + gamma * several)
+    ratios = np.maximum(1.0 + (offset + np.arange(masses.size)) * step / n, 0.0)
+    return _frozen_pair(
+        n=n,
+        terms=terms,
+        rate=gamma,
+        sigma=sigma,
+        engine="lattice",
+        step=step,
+        ratios=ratios,
+        masses=masses,
+        infinity_remove=infinity_remove,
+        infinity_add=infinity_add,
+        x_max=x_max,
+    )
