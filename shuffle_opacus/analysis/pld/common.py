@@ -33,6 +33,9 @@ __all__ = [
     "LOWER_TRUNCATION",
     "lower_epsilon",
     "pld_results",
+    "per_round",
+    "pld_delta",
+    "pld_epsilon",
 ]
 
 DEFAULT_DISCRETIZATION = 1e-4
@@ -191,6 +194,65 @@ def prebin_losses(
     tot = np.bincount(idx, weights=mass, minlength=top.size)
     used = top > -np.inf
     return np.append(sign * top[used], np.inf), np.append(tot[used], inf_mass)
+
+
+def per_round(columns: Mapping[str, object]) -> list[tuple[object, ...]]:
+    """Broadcast scalar-or-sequence per-round parameters to one row per group of rounds.
+
+    Args:
+        columns: Parameter name -> a scalar, or a list, tuple or array of one value per group.
+
+    Returns:
+        One tuple per group, in the order of ``columns``.
+
+    Raises:
+        ValueError: if two sequences differ in length (naming the parameter).
+    """
+    seqs = {
+        name: list(v) if isinstance(v, (list, tuple, np.ndarray)) else None
+        for name, v in columns.items()
+    }
+    length = max((len(s) for s in seqs.values() if s is not None), default=1)
+    rows: list[list[object]] = []
+    for name, value in columns.items():
+        seq = seqs[name]
+        if seq is not None and len(seq) not in (1, length):
+            raise ValueError(
+                f"{name} must be a scalar or have the same length as the other per-round "
+                f"parameters ({length}). Found length {len(seq)}."
+            )
+        rows.append(seq * length if seq is not None and len(seq) == 1 else seq or [value] * length)
+    return list(zip(*rows, strict=True))
+
+
+def pld_delta(pld: PrivacyLossDistribution, eps: float) -> float:
+    """Return ``delta(eps)`` of ``pld`` (the larger direction), at most 1.
+
+    Args:
+        pld: A composed PLD.
+        eps: Target epsilon, ``>= 0`` (checked).
+
+    Returns:
+        delta.
+
+    Raises:
+        ValueError: for a negative or non-finite ``eps``.
+    """
+    eps = check_nonnegative("eps", eps)
+    return float(min(1.0, pld.get_delta_for_epsilon(eps)))
+
+
+def pld_epsilon(pld: PrivacyLossDistribution, delta: float) -> float:
+    """Return the smallest epsilon on the loss grid with ``delta(epsilon) <= delta``, >= 0.
+
+    Args:
+        pld: A composed PLD.
+        delta: Target delta, already checked to be in ``(0, 1)``.
+
+    Returns:
+        epsilon (``inf`` if the mass at infinite loss exceeds ``delta``).
+    """
+    return max(0.0, float(pld.get_epsilon_for_delta(delta)))
 
 
 def compose_plds(*, plds: Sequence[PrivacyLossDistribution]) -> PrivacyLossDistribution:

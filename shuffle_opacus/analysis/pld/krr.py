@@ -96,6 +96,8 @@ from .common import (
     check_discretization,
     check_tail,
     default_tail,
+    pld_delta,
+    pld_epsilon,
     pld_results,
     pmf_from_losses,
     prebin_losses,
@@ -434,7 +436,7 @@ def krr_delta(
         discretization=discretization,
         tail=tail,
     )
-    return float(min(1.0, pld.get_delta_for_epsilon(eps)))
+    return pld_delta(pld, eps)
 
 
 def krr_epsilon(
@@ -480,7 +482,7 @@ def krr_epsilon(
         discretization=discretization,
         tail=tail,
     )
-    return max(0.0, float(pld.get_epsilon_for_delta(delta)))
+    return pld_epsilon(pld, delta)
 
 
 def krr_tail_delta(

@@ -51,6 +51,9 @@ from .common import (
     check_tail,
     compose_plds,
     default_tail,
+    per_round,
+    pld_delta,
+    pld_epsilon,
     pld_results,
 )
 from .ldp_pairs import (
@@ -143,22 +146,9 @@ def _schedule(
     n: int | Sequence[int], eps0: float | Sequence[float], steps: int | Sequence[int]
 ) -> list[tuple[int, float, int]]:
     """Normalise scalar-or-sequence round parameters to ``[(n, eps0, steps), ...]``."""
-    seqs = [np.atleast_1d(np.asarray(v, dtype=object)) for v in (n, eps0, steps)]
-    length = max(s.size for s in seqs)
-    for name, s in zip(("n", "eps0", "steps"), seqs, strict=True):
-        if s.size not in (1, length):
-            raise ValueError(
-                f"{name} must be a scalar or have the same length as the other per-round "
-                f"parameters ({length}). Found length {s.size}."
-            )
-    seqs = [np.broadcast_to(s, (length,)) for s in seqs]
     return [
-        (
-            check_int("n", seqs[0][i], minimum=1),
-            check_eps0(seqs[1][i]),
-            check_int("steps", seqs[2][i], minimum=1),
-        )
-        for i in range(length)
+        (check_int("n", ni, minimum=1), check_eps0(ei), check_int("steps", si, minimum=1))
+        for ni, ei, si in per_round({"n": n, "eps0": eps0, "steps": steps})
     ]
 
 
@@ -215,9 +205,9 @@ def ldp_shuffle_delta(
     Raises:
         ValueError: if an argument is out of range.
     """
-    eps = check_nonnegative("eps", eps)
+    check_nonnegative("eps", eps)
     pld = _schedule_pld(n, eps0, steps, discretization, tail, pair)
-    return float(min(1.0, pld.get_delta_for_epsilon(eps)))
+    return pld_delta(pld, eps)
 
 
 def ldp_shuffle_epsilon(
@@ -247,7 +237,7 @@ def ldp_shuffle_epsilon(
         rounds = sum(si for _, _, si in _schedule(n, eps0, steps))
         tail = default_tail(delta, rounds)
     pld = _schedule_pld(n, eps0, steps, discretization, tail, pair)
-    return max(0.0, float(pld.get_epsilon_for_delta(delta)))
+    return pld_epsilon(pld, delta)
 
 
 def ldp_shuffle_rdp(

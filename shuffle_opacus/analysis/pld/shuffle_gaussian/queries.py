@@ -6,9 +6,7 @@ See :mod:`shuffle_opacus.analysis.pld.shuffle_gaussian` and docs/maths.md.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-import numpy as np
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
 from ..._validation import (
@@ -16,7 +14,7 @@ from ..._validation import (
     check_int,
     check_nonnegative,
 )
-from ..common import check_tail, compose_plds
+from ..common import check_tail, compose_plds, per_round, pld_delta, pld_epsilon
 from .pair import pld_tail
 from .pmf import pld_discretization, shuffle_gaussian_pld
 
@@ -28,23 +26,8 @@ def _schedule(
     m: int | None | Sequence[int | None],
     steps: int | Sequence[int],
 ) -> list[tuple[int, float, float | None, int | None, int]]:
-    values = [n, sigma, rate, m, steps]
-    seqs = [list(v) if isinstance(v, (list, tuple, np.ndarray)) else None for v in values]
-    length = max((len(s) for s in seqs if s is not None), default=1)
-    names = ("n", "sigma", "rate", "m", "steps")
-    # One column per parameter; the columns differ in element type.
-    out: list[list[Any]] = []
-    for name, value, seq in zip(names, values, seqs, strict=True):
-        if seq is not None and len(seq) != length:
-            raise ValueError(
-                f"{name} must be a scalar or have the same length as the other per-round "
-                f"parameters ({length}). Found length {len(seq)}."
-            )
-        out.append(seq if seq is not None else [value] * length)
-    return [
-        (out[0][i], out[1][i], out[2][i], out[3][i], check_int("steps", out[4][i], minimum=1))
-        for i in range(length)
-    ]
+    rows = per_round({"n": n, "sigma": sigma, "rate": rate, "m": m, "steps": steps})
+    return [(*row[:4], check_int("steps", row[4], minimum=1)) for row in rows]  # type: ignore[misc]
 
 
 def _schedule_pld(
@@ -98,9 +81,9 @@ def shuffle_gaussian_delta(
     Raises:
         ValueError: on an out-of-range argument.
     """
-    eps = check_nonnegative("eps", eps)
+    check_nonnegative("eps", eps)
     pld = _schedule_pld(_schedule(n, sigma, rate, m, steps), discretization, check_tail(tail))
-    return float(min(1.0, pld.get_delta_for_epsilon(eps)))
+    return pld_delta(pld, eps)
 
 
 def shuffle_gaussian_epsilon(
@@ -130,4 +113,4 @@ def shuffle_gaussian_epsilon(
     if tail is None:
         tail = pld_tail(delta, sum(k for *_, k in plan))
     pld = _schedule_pld(plan, discretization, check_tail(tail))
-    return max(0.0, float(pld.get_epsilon_for_delta(delta)))
+    return pld_epsilon(pld, delta)
