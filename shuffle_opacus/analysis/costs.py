@@ -1,0 +1,322 @@
+"""The cost model of the accounting entry points: measured unit costs and estimates per request.
+
+The unit costs were measured with ``python benchmarks/limits.py`` on one core of the project's
+machine and rounded up, so estimates are conservative (typically 1-3 times the measured time);
+docs/maths.md ("Work limits") lists the measurements. :mod:`.limits` turns the estimates into
+refusals and budgets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+__all__ = [
+    "BASE_SECONDS",
+    "account_seconds",
+    "calibrate_seconds",
+    "rdp_stage_seconds",
+    "shuffle_pld_seconds",
+]
+
+# --- measured unit costs (seconds, one core, rounded up) -------------------------------------
+
+#: One element of an ``O(L^2)`` series operation: a step of the Miller recurrence or of a
+#: binomial (EGF) convolution. Measured: Miller at L = 4096 (16.8e6 elements) 0.61 s, one EGF
+#: convolution 0.34 s, binary exponentiation at n = 600, L = 2048 (1.5e8 elements) 5.3 s.
+SERIES_SECONDS = 4e-8
+#: One enumerated outcome of an ldp-shuffle pair: n = 1e6, eps0 = 0.5 (5e7 outcomes) 4.6 s;
+#: n = 1e6, eps0 = 4 (1.1e7) 1.45 s. Counted for the stronger pair, which has the most outcomes.
+LDP_OUTCOME_SECONDS = 1.5e-7
+#: One enumerated outcome of k-RR, strong adversary (n = 1e7, k = 4, gamma = 0.25: 1.4e8
+#: outcomes, 32 s) and weak adversary (n = 1e4: 9.5e7 outcomes, 7.9 s).
+KRR_STRONG_OUTCOME_SECONDS = 2.5e-7
+KRR_WEAK_OUTCOME_SECONDS = 1e-7
+#: One value of ``C`` in one evaluation of the clones divergence (n = 1e8, eps0 = 1: 7.9e4
+#: values, 44 evaluations, 27 s).
+CLONES_C_SECONDS = 8e-6
+#: One value of ``C`` in the Gaussian clones scan (n = 1e5, sigma = 1: 0.25 s).
+CLONES_GAUSSIAN_C_SECONDS = 5e-4
+#: One round of the optimal composition theorem, per evaluation point (k = 1e6: 4.0 s, 1e7:
+#: 45 s per call).
+KOV_ROUND_SECONDS = 4.5e-6
+#: Self-composition of a PLD over k rounds: about ``PLD_COMPOSE_SECONDS * sqrt(k)`` (shuffle
+#: Gaussian, k = 1e6: 21 s; ldp-shuffle, k = 1e6: 9.7 s).
+PLD_COMPOSE_SECONDS = 0.025
+#: The lattice of the shuffle Gaussian PLD: about ``PLD_LATTICE_SECONDS sqrt(n) / min(sigma,
+#: 1)^2`` plus 0.2 s (n = 60000: 0.9 s; n = 1e9: 20 s; check-in n = 1e6, sigma = 0.5: 6.4 s).
+PLD_LATTICE_SECONDS = 1.2e-3
+#: Fixed cost of a request (imports are not counted).
+BASE_SECONDS = 0.05
+
+#: Normal quantile of the tail masses the enumerations leave out (about 1e-13 per side).
+_Z_TAIL = 7.5
+#: Orders the automatic range visits (``epsilon_from_rdp``'s defaults).
+_AUTO_START, _AUTO_LIMIT = 64, 4096
+
+
+# --- Rényi-DP methods --------------------------------------------------------------------------
+
+
+def _series_elements(users: int, order: int) -> float:
+    """Series elements of ``shuffle_log_excess`` for one population at orders ``0..order``."""
+    if users >= order:
+        return float(order) ** 2  # Miller recurrence
+    products = (users.bit_length() - 1) + (bin(users).count("1") - 1)
+    return 3.0 * products * float(order) ** 2  # binary exponentiation, 3 convolutions each
+
+
+def _sum_elements(n: int, rate: float, order: int) -> float:
+    """Series elements of the check-in ``sum`` bound (first pass of its bulk and tails)."""
+    mean = n * rate
+    sd = math.sqrt(max(n * rate * (1.0 - rate), 1e-300))
+    lo = max(1, int(math.floor(mean - 6.0 * sd)))
+    hi = min(n, int(math.ceil(mean + 6.0 * sd)))
+    width = hi - lo + 1
+    step = max(1, math.ceil(width * (order + 1) ** 2 / 1.0e8))
+    starts = math.ceil(width / step)
+    chunks = 0
+    b = lo
+    while b > 1:  # _lower_chunks: geometric above the order, one chunk below
+        a = max(1, min(b - 1, int(math.floor(b * 0.9))))
+        if a < order:
+            a = 1
+        chunks += 1
+        b = a
+    square = float(order) ** 2
+    rows = starts + chunks + 1
+    small = [k for k in (lo, lo + step) if k < order]
+    sequential = 2.0 * max(small) * square if small else 0.0
+    # Two passes of the bulk (the bulk is widened once when its tails are too heavy).
+    return 2.0 * (rows * square + sequential + (starts + chunks) * square)
+
+
+def rdp_stage_seconds(
+    mechanism: str,
+    method: str,
+    order: int,
+    *,
+    n: int | None = None,
+    m: int | None = None,
+    rate: float | None = None,
+) -> float:
+    """Estimated seconds to evaluate one round's RDP of a method at orders ``2..order``.
+
+    Args:
+        mechanism: A Rényi-DP mechanism (``shuffle``, ``subsampled``, ``checkin``, ``gaussian``,
+            ``subsampled-gaussian``).
+        method: Its method, or a reference curve (``no-shuffle``, ``central``).
+        order: Largest order ``L``.
+        n: Population.
+        m: Users per round (``subsampled``).
+        rate: Check-in or Poisson rate.
+
+    Returns:
+        The estimate in seconds.
+    """
+    square = float(order) ** 2
+    if method in ("corollary1", "rdp", "no-shuffle", "central") and mechanism in (
+        "shuffle",
+        "gaussian",
+    ):
+        elements = 10.0 * order
+    elif mechanism == "subsampled-gaussian" or method in ("no-shuffle", "central"):
+        elements = square  # one mixture / Wang convolution
+    elif method == "theorem1":
+        elements = _series_elements(int(n or 1), order)
+    elif method == "exact":
+        elements = _series_elements(int(n or 1), order)
+    elif method == "theorem2":
+        elements = _series_elements(int(m or 1), order) + square
+    elif method == "theorem3":
+        big = min(int(n or 1), int(0.5 * int(n or 1) * float(rate or 1.0)) + 1)
+        elements = _series_elements(big, order) + 2.0 * square
+    elif method == "sum":
+        elements = _sum_elements(int(n or 1), float(rate or 1.0), order)
+    else:
+        elements = square
+    return elements * SERIES_SECONDS
+
+
+# --- privacy loss distributions, clones ---------------------------------------------------------
+
+
+def _pld_compose_seconds(steps: list[int]) -> float:
+    return sum(PLD_COMPOSE_SECONDS * math.sqrt(k) for k in set(steps) if k > 1)
+
+
+def _ldp_outcomes(n: int, eps0: float) -> float:
+    """Outcomes of the Lemma 11 enumeration of an ldp-shuffle pair (Hoeffding widths).
+
+    Counted with the stronger pair's clone probability ``2 / (e^eps0 + 1)``, above the clones
+    pair's ``e^-eps0``: an over-estimate for the default pair.
+    """
+    log_tail = math.log(4.0 / 1e-12)
+    p2 = 2.0 / (math.exp(min(eps0, 700.0)) + 1.0)
+    c_width = min(float(n), math.sqrt(2.0 * max(n - 1, 1) * log_tail) + 1.0)
+    mean_c = p2 * max(n - 1, 0)
+    a_width = min(mean_c + 2.0, math.sqrt(2.0 * max(mean_c, 1.0) * log_tail)) + 2.0
+    return c_width * a_width
+
+
+def _krr_outcomes(n: int, k: int, gamma: float, adversary: str) -> tuple[float, float]:
+    """Outcomes of the k-RR enumeration and their unit cost (normal-quantile widths)."""
+    if adversary == "weak":
+        b_mean = gamma * max(n - 1, 0)
+        b_width = min(float(n), 2.0 * _Z_TAIL * math.sqrt(b_mean * (1.0 - gamma)) + 1.0)
+        side = min(b_mean + 2.0, 2.0 * _Z_TAIL * math.sqrt(b_mean / k) + 2.0) + 1.0
+        return b_width * side * side, KRR_WEAK_OUTCOME_SECONDS
+    mean = gamma / k * max(n - 1, 0)
+    side = min(float(n) + 1.0, 2.0 * _Z_TAIL * math.sqrt(mean) + mean / 1e6 + 2.0)
+    return side * side, KRR_STRONG_OUTCOME_SECONDS
+
+
+def _clones_values(n: int, p: float) -> float:
+    """Values of ``C ~ Bin(n - 1, p)`` in the bulk the clones method evaluates (tail 1e-16)."""
+    return min(float(n), 2.0 * 8.3 * math.sqrt(max(n - 1, 1) * p * (1.0 - p)) + 1.0)
+
+
+def _shuffle_pld_seconds(n: int, sigma: float) -> float:
+    return 0.2 + PLD_LATTICE_SECONDS * math.sqrt(n) / min(sigma, 1.0) ** 2
+
+
+def shuffle_pld_seconds(settings: list[tuple[int, float]], steps: int) -> float:
+    """Estimated seconds of the shuffle Gaussian's ``pld`` for distinct round settings.
+
+    Args:
+        settings: ``(reports per round, sigma)`` of each distinct setting.
+        steps: Rounds composed in all.
+
+    Returns:
+        The estimate (one pair per setting, then the composition).
+    """
+    pairs = sum(_shuffle_pld_seconds(users, sigma) for users, sigma in settings)
+    return BASE_SECONDS + pairs + _pld_compose_seconds([steps])
+
+
+def account_seconds(
+    mechanism: str,
+    values: Mapping[str, object],
+    *,
+    steps: list[int],
+    method: str | None,
+    max_order: int | None,
+) -> float:
+    """Estimated seconds of :func:`~shuffle_opacus.analysis.account` for one request.
+
+    For Rényi-DP methods without ``max_order`` the estimate is that of the first stage of the
+    automatic order range (the later stages are charged as they start, see :func:`charge`).
+
+    Args:
+        mechanism: A mechanism of :data:`~shuffle_opacus.analysis.CATALOGUE`.
+        values: Its parameters by name (``None`` for absent ones).
+        steps: The round counts.
+        method: The method (``None`` for the default).
+        max_order: The order cap, or ``None``.
+
+    Returns:
+        The estimate in seconds.
+    """
+    n = int(values.get("n") or 1)  # type: ignore[call-overload]
+    m = values.get("m")
+    rate = values.get("rate")
+    sigma = values.get("sigma")
+    distinct = len(set(steps))
+    total = BASE_SECONDS + 1e-4 * distinct
+    if mechanism == "ldp-shuffle":
+        eps0 = float(values["eps0"])  # type: ignore[arg-type]
+        users = int(m) if m is not None else n  # type: ignore[call-overload]
+        total += _ldp_outcomes(users, eps0) * LDP_OUTCOME_SECONDS * (2.0 if m else 1.0)
+        # The records' lower end composes one more PMF (the optimistic remove direction).
+        return total + 1.5 * _pld_compose_seconds(steps)
+    if mechanism == "krr":
+        outcomes, unit = _krr_outcomes(
+            n,
+            int(values["k"]),  # type: ignore[call-overload]
+            float(values["gamma"]),  # type: ignore[arg-type]
+            str(values.get("adversary") or "strong"),
+        )
+        return total + outcomes * unit + 1.5 * _pld_compose_seconds(steps)
+    if mechanism in ("clones", "clones-gaussian"):
+        several = max(steps) > 1
+        points = 24 if several else 1
+        if mechanism == "clones":
+            eps0 = float(values["eps0"])  # type: ignore[arg-type]
+            p = math.exp(-min(eps0, 700.0))
+            evaluations = 2.0 * max(1.0, math.log2(max(eps0, 1e-6) / 1e-6)) + 4.0
+            one = _clones_values(n, p) * evaluations * CLONES_C_SECONDS
+            one *= 2.0 if not several else 1.0  # the certified lower end
+        else:
+            one = _clones_values(n, 0.5) * CLONES_GAUSSIAN_C_SECONDS
+        if method == "closed-form":
+            one = 1e-3
+        composition = sum(points * KOV_ROUND_SECONDS * k for k in set(steps) if k > 1)
+        return total + points * one + composition
+    fallback = {"shuffle": "theorem1", "subsampled": "theorem2", "checkin": "exact"}.get(mechanism)
+    order = max_order if max_order is not None else _AUTO_START
+
+    def rdp(name: str) -> float:
+        return total + rdp_stage_seconds(
+            mechanism,
+            name,
+            order,
+            n=n,
+            m=int(m) if m is not None else None,  # type: ignore[call-overload]
+            rate=float(rate) if rate is not None else None,  # type: ignore[arg-type]
+        )
+
+    if fallback is None:
+        return rdp(method or "rdp")
+    users = int(m) if m is not None else n  # type: ignore[call-overload]
+    pld = total + _shuffle_pld_seconds(users, float(sigma)) + _pld_compose_seconds(steps)  # type: ignore[arg-type]
+    if method == "pld":
+        return pld
+    if method is not None:
+        return rdp(method)
+    # The default: pld where affordable, else its Rényi fallback (an order cap selects it).
+    if max_order is not None or float(sigma) < 0.05:  # type: ignore[arg-type]
+        return rdp(fallback)
+    return min(pld, rdp(fallback))
+
+
+def _calibrate_drivers(method: str) -> tuple[str, ...]:
+    """Return the calibration parameters that drive its cost, in the order to suggest them."""
+    return ("n", "rounds") if method == "pld" else ("n",)
+
+
+def calibrate_seconds(
+    *,
+    mechanism: str,
+    method: str,
+    n: int,
+    m: int | None,
+    rate: float | None,
+    rounds: int,
+    order: int,
+) -> float:
+    """Estimated seconds of a noise calibration (about 16 evaluations of epsilon).
+
+    Args:
+        mechanism: The protocol's analysis mechanism.
+        method: Its method.
+        n: Population.
+        m: Users per round, or ``None``.
+        rate: Check-in rate, or ``None``.
+        rounds: Rounds composed.
+        order: The Rényi order range the evaluations are expected to need.
+
+    Returns:
+        The estimate in seconds.
+    """
+    # A bisection to 0.1% takes about 10 steps after 2 to 5 to bracket the target.
+    evaluations = 16.0
+    if method == "pld":
+        users = m if m is not None else n
+        one = _shuffle_pld_seconds(users, 0.5) + _pld_compose_seconds([rounds])
+        return BASE_SECONDS + evaluations * one
+    stage = rdp_stage_seconds(mechanism, method, order, n=n, m=m, rate=rate)
+    # The order range grows by doubling; its stages cost about 4/3 of the last one.
+    return BASE_SECONDS + evaluations * stage * 4.0 / 3.0
+
+
+# --- refusing ---------------------------------------------------------------------------------
