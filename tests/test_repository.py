@@ -1,6 +1,7 @@
 """Repository-level checks: lint, and that the README's commands stay true."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -151,3 +152,21 @@ def test_papers_are_cited_not_referred_to_by_handle():
             if handle.search(line):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def test_the_flower_tests_fail_loudly_without_flwr_unless_skipped_on_purpose(tmp_path):
+    """Without flwr, collecting tests/flower is an error; the opt-out makes it a skip."""
+    fake = tmp_path / "flwr"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError('flwr hidden for this test')\n")
+    command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider"]
+    command += ["--collect-only", "tests/flower/test_shuffler.py"]
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("SHUFFLE_OPACUS_SKIP_FLOWER", None)
+    loud = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    assert loud.returncode != 0
+    assert "install the flower extra" in loud.stdout + loud.stderr
+    env["SHUFFLE_OPACUS_SKIP_FLOWER"] = "1"
+    quiet = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    assert quiet.returncode == 5, quiet.stdout[-500:]  # collected nothing: the module skipped
+    assert "SKIPPED" in quiet.stdout
