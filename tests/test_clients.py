@@ -15,10 +15,13 @@ import copy
 import functools
 import itertools
 import math
+import pickle
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from opacus import PrivacyEngine
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
@@ -453,6 +456,21 @@ def test_partitions_cover_every_example_once():
         (lambda: ClientPartition.from_indices([[0, 5]], 2), "must be in [0, 1]"),
         (lambda: ClientPartition.from_client_ids([0, 2, 2], 3), "client 1 first"),
         (lambda: ClientPartition.from_client_ids([0, -1]), "integers in [0, 0]"),
+        # More clients (or examples) than indices: refused before any array of that size.
+        (
+            lambda: ClientPartition.from_client_ids([0, 1, 2], num_clients=10**12),
+            "num_clients must be an integer in [1, 3] (every client holds",
+        ),
+        (lambda: ClientPartition.from_client_ids([0, 10**12]), "ids are at most 1 for 2 examples"),
+        (
+            lambda: ClientPartition.from_indices([[0, 1]], 10**12),
+            "misses 999999999998 of the 1000000000000 examples (example 2 first)",
+        ),
+        (
+            lambda: ClientPartition.from_client_ids(np.array([0, 2**64 - 1], dtype=np.uint64)),
+            "client_ids must hold integers in [0, 9223372036854775807]",
+        ),
+        (lambda: ClientPartition.from_indices([[0, 1], [2, [3]]]), "client 1's indices must be"),
         (lambda: LocalTraining(client_lr=0.1, local_steps=0), "local_steps must be an integer"),
         (lambda: LocalTraining(client_lr=0.0, local_steps=1), "client_lr must be"),
         (lambda: LocalTraining(client_lr=-1.0, local_steps=1), "client_lr must be"),
@@ -569,3 +587,117 @@ def test_batchnorm_and_foreign_optimizers_are_refused():
         make_private_clients(
             engine, module=plain, optimizer=torch.optim.SGD(model().parameters(), lr=1.0), **kw
         )
+
+
+@pytest.mark.parametrize(
+    ("order", "offsets", "message"),
+    [
+        # One example in two clients (and example 3 in none): outside testing's finding.
+        ([0, 1, 0, 2], [0, 2, 4], "order must be a permutation of the example indices 0 .. 3"),
+        ([0, 1, 2], [0, 2, 1, 3], "client 1 would hold -1 examples"),  # decreasing offsets
+        ([0, 1, 7], [0, 2, 3], "order must be a permutation of the example indices 0 .. 2"),
+        ([0, -1, 2], [0, 2, 3], "Found -1"),
+        ([0, 1, 2], [0, 2, 2, 3], "offsets must be strictly increasing"),  # an empty client
+        ([0, 1, 2], [1, 3], "offsets must start at 0 and end at 3"),
+        ([0, 1, 2], [0, 2], "offsets must start at 0 and end at 3"),
+        ([0, 1, 2], [0, 4], "offsets must start at 0 and end at 3"),
+        ([0, 1, 2], [3], "offsets must be a one-dimensional array of num_clients + 1 >= 2"),
+        ([0, 1, 2], [[0, 3]], "offsets must be a one-dimensional array"),
+        ([], [0], "order must be a non-empty one-dimensional array"),
+        ([[0, 1], [2, 3]], [0, 4], "order must be a non-empty one-dimensional array"),
+        ([0.0, 1.0], [0, 2], "order must hold integers. Found dtype float64"),
+        ([True, False], [0, 2], "order must hold integers. Found dtype bool"),
+        ([0, 1], [0.0, 2.0], "offsets must hold integers"),
+        ([0, 1], "ab", "offsets must hold integers"),
+        ([0, [1]], [0, 2], "order must be an array of integers"),
+        (np.array([0, 2**63], dtype=np.uint64), [0, 2], "order must hold integers in [0, 9223"),
+    ],
+)
+def test_the_direct_constructor_checks_order_and_offsets(order, offsets, message):
+    with pytest.raises(ValueError) as info:
+        ClientPartition(order, offsets)
+    assert message in str(info.value), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_partition_keeps_its_own_read_only_arrays():
+    order, offsets = np.array([2, 0, 1, 3]), np.array([0, 1, 4])
+    part = ClientPartition(order, offsets)
+    order[:] = 0  # the caller's arrays change afterwards; the partition does not
+    offsets[1] = 3
+    assert part.order.tolist() == [2, 0, 1, 3] and part.offsets.tolist() == [0, 1, 4]
+    assert part.order.dtype == part.offsets.dtype == np.int64
+    with pytest.raises(ValueError, match="read-only"):
+        part.order[0] = 0
+    with pytest.raises(ValueError, match="read-only"):
+        part.offsets[1] = 2
+    mine = part.client(1)  # a copy the caller may change
+    mine[0] = 99
+    assert part.client(1).tolist() == [0, 1, 3]
+    ids = torch.tensor([1, 0, 1])
+    from_tensor = ClientPartition.from_client_ids(ids)
+    ids[0] = 0
+    assert from_tensor.client(1).tolist() == [0, 2]
+    for copied in (copy.copy(part), copy.deepcopy(part), pickle.loads(pickle.dumps(part))):
+        assert copied.order.tolist() == [2, 0, 1, 3] and copied.offsets.tolist() == [0, 1, 4]
+        assert not copied.order.flags.writeable and not copied.offsets.flags.writeable
+
+
+def test_a_rebuilt_partition_is_checked_again():
+    """Pickles go through the constructor: a tampered one is refused, not trusted."""
+    part = ClientPartition.from_client_ids([0, 0, 1])
+    tampered = pickle.dumps(part).replace(
+        np.array([0, 2, 3], dtype=np.int64).tobytes(), np.array([0, 3, 3], dtype=np.int64).tobytes()
+    )
+    assert tampered != pickle.dumps(part)
+    with pytest.raises(ValueError, match="offsets must be strictly increasing"):
+        pickle.loads(tampered)
+
+
+@st.composite
+def _client_ids(draw):
+    """One client id per example, every client of ``0 .. k - 1`` holding at least one."""
+    k = draw(st.integers(1, 12))
+    extra = draw(st.lists(st.integers(0, k - 1), max_size=30))
+    ids = list(range(k)) + extra
+    return draw(st.permutations(ids)), k
+
+
+@given(_client_ids())
+def test_factory_partitions_round_trip_through_the_direct_constructor(drawn):
+    ids, k = drawn
+    part = ClientPartition.from_client_ids(ids)
+    again = ClientPartition(part.order, part.offsets)
+    assert np.array_equal(again.order, part.order)
+    assert np.array_equal(again.offsets, part.offsets)
+    assert again.num_clients == k and again.num_examples == len(ids)
+    for c in range(k):
+        assert np.flatnonzero(np.asarray(ids) == c).tolist() == again.client(c).tolist()
+
+
+@given(_client_ids(), st.data())
+def test_every_corrupted_order_or_offsets_is_refused(drawn, draws):
+    ids, k = drawn
+    part = ClientPartition.from_client_ids(ids)
+    order, offsets = part.order.copy(), part.offsets.copy()
+    n = order.size
+    kind = draws.draw(st.sampled_from(["repeat", "range", "offset", "end", "start"]))
+    if kind == "repeat" and n >= 2:  # one example twice (and so another one missing)
+        i, j = draws.draw(st.lists(st.integers(0, n - 1), min_size=2, max_size=2, unique=True))
+        order[i] = order[j]
+    elif kind == "range" or kind == "repeat":  # an index outside 0 .. n - 1
+        i = draws.draw(st.integers(0, n - 1))
+        order[i] = draws.draw(st.one_of(st.integers(-(2**40), -1), st.integers(n, 2**40)))
+    elif kind == "offset" and k >= 2:  # an inner offset moved onto or past a neighbour
+        c = draws.draw(st.integers(1, k - 1))
+        offsets[c] = draws.draw(
+            st.one_of(st.integers(-5, int(offsets[c - 1])), st.integers(int(offsets[c + 1]), n + 5))
+        )
+    elif kind == "start" or kind == "offset":
+        offsets[0] = draws.draw(st.integers(-5, 5).filter(lambda v: v != 0))
+    else:
+        offsets[-1] = draws.draw(st.integers(-5, n + 5).filter(lambda v: v != n))
+    with pytest.raises(ValueError) as info:
+        ClientPartition(order, offsets)
+    assert "\n" not in str(info.value)
+    assert str(info.value).startswith(("order must", "offsets must"))
