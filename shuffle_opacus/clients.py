@@ -707,18 +707,64 @@ class RoundResult:
     local_loss: float
 
 
+def _first_line(exc: BaseException) -> str:
+    """Return an exception as one line: its type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 def _materialise(data: Any) -> tuple[Tensor, Tensor]:
+    """Return the ``(inputs, targets)`` tensors of ``data``, one row per example.
+
+    Args:
+        data: A ``TensorDataset`` of two tensors, a pair of tensors, or a map-style ``Dataset``
+            of ``(input, target)`` pairs (read once, ``data[0] .. data[len(data) - 1]``, and
+            stacked with ``default_collate``).
+
+    Returns:
+        ``(inputs, targets)`` with the same first dimension ``>= 1``.
+
+    Raises:
+        ValueError: one line, for another kind of ``data``, an example that cannot be read
+            (the dataset's own exception is named, not re-raised), examples that are not
+            ``(input, target)`` pairs or do not stack, or tensors of unequal lengths.
+    """
     if isinstance(data, TensorDataset):
         tensors = data.tensors
     elif isinstance(data, (tuple, list)) and all(isinstance(t, Tensor) for t in data):
         tensors = tuple(data)
     elif isinstance(data, Dataset) and hasattr(data, "__len__"):
-        if len(data) == 0:  # type: ignore[arg-type]
+        size = len(data)  # type: ignore[arg-type]
+        if size == 0:
             raise ValueError("data must hold at least one example. Found an empty dataset.")
-        items = [data[i] for i in range(len(data))]  # type: ignore[arg-type]
-        if not isinstance(items[0], (tuple, list)) or len(items[0]) != 2:
-            raise ValueError("data's examples must be (input, target) pairs.")
-        tensors = tuple(default_collate(items))
+        items = []
+        for i in range(size):
+            try:
+                item = data[i]
+            except Exception as exc:  # noqa: BLE001 - the dataset's failure becomes one line
+                raise ValueError(
+                    f"data[{i}] cannot be read (data is read once, indices 0 .. {size - 1}): "
+                    f"{_first_line(exc)}"
+                ) from None
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise ValueError(
+                    f"data's examples must be (input, target) pairs. Found data[{i}] of type "
+                    f"{type(item).__name__}."
+                )
+            items.append(item)
+        try:
+            tensors = tuple(default_collate(items))
+        except Exception as exc:  # noqa: BLE001 - a collation failure becomes one line
+            raise ValueError(
+                f"data's examples must stack into an inputs tensor and a targets tensor: "
+                f"{_first_line(exc)}"
+            ) from None
+        if not all(isinstance(t, Tensor) for t in tensors):
+            found = ", ".join(type(t).__name__ for t in tensors)
+            raise ValueError(
+                f"data's inputs and targets must stack into tensors (numbers, arrays or "
+                f"tensors). Found {found}."
+            )
     else:
         raise ValueError(
             "data must be a TensorDataset of (inputs, targets), a pair of tensors, or a "
@@ -1091,6 +1137,35 @@ def _dry_run(
         )
 
 
+def _check_noise_generator(noise_generator: Any, device: torch.device) -> None:
+    """Refuse a noise generator that torch could not use to draw noise on ``device``.
+
+    Args:
+        noise_generator: The caller's ``noise_generator``.
+        device: Where the noise is drawn (the data's device, which is the module's).
+
+    Raises:
+        ValueError: one line, if it is neither ``None`` nor a ``torch.Generator``, or if it is
+            a generator of another device.
+    """
+    if noise_generator is None:
+        return
+    if not isinstance(noise_generator, torch.Generator):
+        raise ValueError(
+            "noise_generator must be a torch.Generator (e.g. torch.Generator().manual_seed(0)) "
+            f"or None. Found {type(noise_generator).__name__} {noise_generator!r:.60}."
+        )
+    where = noise_generator.device
+    if where.type != device.type or (
+        where.index is not None and device.index is not None and where.index != device.index
+    ):
+        raise ValueError(
+            f"noise_generator must be a generator of the data's device {device} (the noise is "
+            f"drawn there). Found a generator of {where}; use torch.Generator(device="
+            f"{str(device)!r})."
+        )
+
+
 def make_private_clients(
     engine: PrivacyEngine,
     *,
@@ -1158,7 +1233,8 @@ def make_private_clients(
             ``"per_client"`` (every client's draw).
         average: ``"expected"`` (divide by the expected reports per round) or ``"reports"``
             (by the round's actual number).
-        noise_generator: Torch generator of the noise (not in secure mode).
+        noise_generator: Torch generator of the noise, on the data's device, or ``None``
+            (torch's default generator); must be ``None`` in secure mode.
         client_chunk: Clients trained together in one vectorised call (integer >= 1); memory
             grows with it.
 
@@ -1172,6 +1248,7 @@ def make_private_clients(
     accountant = _shuffle_accountant(engine)
     spec = accountant.spec()
     inputs, targets = _materialise(data)
+    _check_noise_generator(noise_generator, inputs.device)
     clients = as_partition(partition, int(inputs.shape[0]))
     training = LocalTraining(
         client_lr=client_lr,

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from opacus import PrivacyEngine
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import shuffle_opacus
 from shuffle_opacus import history_epsilon
@@ -491,6 +491,47 @@ def _bad_loss(out, target):
     return F.cross_entropy(out, target)  # a mean, not one loss per example
 
 
+class _Examples(Dataset):
+    """The 57 examples of ``data()`` as a map-style dataset with one broken example."""
+
+    def __init__(self, fail_at=None, ragged_at=None, single_at=None):
+        self.x, self.y = data()
+        self.fail_at, self.ragged_at, self.single_at = fail_at, ragged_at, single_at
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        if i == self.fail_at:
+            raise KeyError(i)  # e.g. a dict-backed dataset without this key
+        if i == self.single_at:
+            return self.x[i]
+        x = self.x[i, :3] if i == self.ragged_at else self.x[i]
+        return x, self.y[i]
+
+
+def test_a_map_style_dataset_is_read_once_in_order():
+    """The dataset path the refusals above guard gives the tensors of the pair path."""
+    x, y = data()
+    net = model()
+    run = make_private_clients(
+        PrivacyEngine(accountant="shuffled_checkin"),
+        module=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=1.0),
+        data=_Examples(),
+        partition=partition(),
+        loss_fn=LOSS,
+        noise_multiplier=SIGMA,
+        max_update_norm=CLIP,
+        client_lr=0.5,
+        local_steps=1,
+        rate=0.5,
+        rounds=1,
+        noise_generator=torch.Generator().manual_seed(0),
+    )
+    assert torch.equal(run.inputs, x) and torch.equal(run.targets, y)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -509,6 +550,12 @@ def _bad_loss(out, target):
         ({"accountant": "subsampled_shuffle", "rate": None, "sample_size": 10}, "sample_size"),
         ({"loss_fn": _bad_loss}, "one loss per example"),
         ({"local_steps": 1, "local_epochs": 1}, "exactly one of local_steps and local_epochs"),
+        ({"data": _Examples(fail_at=3)}, "data[3] cannot be read (data is read once, indices 0 .."),
+        ({"data": _Examples(fail_at=0)}, "data[0] cannot be read"),
+        ({"data": _Examples(ragged_at=5)}, "data's examples must stack into an inputs tensor"),
+        ({"data": _Examples(single_at=2)}, "must be (input, target) pairs. Found data[2] of type"),
+        ({"noise_generator": "gen"}, "noise_generator must be a torch.Generator"),
+        ({"noise_generator": np.random.default_rng(0)}, "noise_generator must be a torch.Gen"),
     ],
 )
 def test_bad_input_changes_nothing(change, message):
@@ -516,6 +563,7 @@ def test_bad_input_changes_nothing(change, message):
     net = model()
     before = [p.detach().clone() for p in net.parameters()]
     kw = {
+        "data": (x, y),
         "noise_multiplier": SIGMA,
         "max_update_norm": CLIP,
         "client_lr": 0.5,
@@ -530,7 +578,7 @@ def test_bad_input_changes_nothing(change, message):
     engine = PrivacyEngine(accountant=kw.pop("accountant", "shuffled_checkin"))
     optimizer = torch.optim.SGD(net.parameters(), lr=1.0)
     with pytest.raises(ValueError) as info:
-        make_private_clients(engine, module=net, optimizer=optimizer, data=(x, y), **kw)
+        make_private_clients(engine, module=net, optimizer=optimizer, **kw)
     assert message in str(info.value), str(info.value)
     assert "\n" not in str(info.value)
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
@@ -586,6 +634,42 @@ def test_batchnorm_and_foreign_optimizers_are_refused():
     with pytest.raises(ValueError, match="exactly the module's trainable parameters"):
         make_private_clients(
             engine, module=plain, optimizer=torch.optim.SGD(model().parameters(), lr=1.0), **kw
+        )
+
+
+def test_the_noise_generator_must_be_of_the_data_device():
+    """The check itself, without a GPU: a CPU generator for CUDA data is refused in one line."""
+    from shuffle_opacus.clients import _check_noise_generator
+
+    _check_noise_generator(None, torch.device("cuda", 0))
+    _check_noise_generator(torch.Generator(), torch.device("cpu"))
+    with pytest.raises(ValueError) as info:
+        _check_noise_generator(torch.Generator(), torch.device("cuda", 0))
+    assert str(info.value) == (
+        "noise_generator must be a generator of the data's device cuda:0 (the noise is drawn "
+        "there). Found a generator of cpu; use torch.Generator(device='cuda:0')."
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device type (CUDA)")
+def test_a_noise_generator_of_another_device_is_refused():
+    x, y = data()
+    net = model()
+    with pytest.raises(ValueError, match="noise_generator must be a generator of the data's dev"):
+        make_private_clients(
+            PrivacyEngine(accountant="shuffled_checkin"),
+            module=net,
+            optimizer=torch.optim.SGD(net.parameters(), lr=1.0),
+            data=(x, y),
+            partition=partition(),
+            loss_fn=LOSS,
+            noise_multiplier=SIGMA,
+            max_update_norm=CLIP,
+            client_lr=0.5,
+            local_steps=1,
+            rate=0.5,
+            rounds=1,
+            noise_generator=torch.Generator(device="cuda"),
         )
 
 
