@@ -55,7 +55,7 @@ from opacus.accountants import IAccountant, register_accountant
 from opacus.accountants import registry as _opacus_registry
 
 from .accounting import history_epsilon
-from .analysis._validation import _real, check_int, check_positive, check_probability
+from .analysis._validation import MAX_INT, _real, check_int, check_positive, check_probability
 from .analysis.rdp.conversion import EpsilonResult
 from .protocols import Protocol, protocol_for_accountant, resolve_sensitivity
 from .releases import ReleaseRecord, ReplayError
@@ -88,8 +88,19 @@ class HistoryRollbackWarning(UserWarning):
 def _read_history(raw: object) -> list[tuple[float, float, int]]:
     """Validate a saved history: a sequence of ``(noise_multiplier, sample_rate, steps)``.
 
+    ``steps`` of an entry, and the rounds of all entries together, are at most
+    :data:`~shuffle_opacus.analysis._validation.MAX_INT` (``2**62``, the largest count the
+    analyses take), so ``len(accountant)`` and epsilon can be computed for what is loaded.
+
+    Args:
+        raw: The ``history`` of a saved state.
+
+    Returns:
+        The entries as ``(float, float, int)`` triples.
+
     Raises:
-        ValueError: one line naming the first malformed entry.
+        ValueError: one line naming the first malformed entry, or the total when the entries
+            hold more than ``2**62`` rounds together.
     """
     if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
         raise ValueError(
@@ -97,6 +108,7 @@ def _read_history(raw: object) -> list[tuple[float, float, int]]:
             f"entries. Found {type(raw).__name__}."
         )
     history = []
+    rounds = 0
     for i, entry in enumerate(raw):
         where = f"state_dict['history'][{i}]"
         if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 3:
@@ -108,9 +120,15 @@ def _read_history(raw: object) -> list[tuple[float, float, int]]:
             (
                 check_positive(f"{where} noise_multiplier", nm),
                 check_probability(f"{where} sample_rate", rate),
-                check_int(f"{where} steps", steps, minimum=0),
+                check_int(f"{where} steps", steps, minimum=0, maximum=MAX_INT),
             )
         )
+        rounds += history[-1][2]
+        if rounds > MAX_INT:
+            raise ValueError(
+                f"state_dict['history'] must hold at most {MAX_INT} rounds in all (steps summed "
+                f"over the entries). Found {rounds} by entry {i}."
+            )
     return history
 
 

@@ -102,12 +102,48 @@ DEFAULT_CLIENT_CHUNK = 128
 
 
 def _int_array(name: str, values: Any) -> np.ndarray:
-    array = np.asarray(values)
+    """Return ``values`` (array, tensor or nested sequence of integers) as an ``int64`` array.
+
+    The result may share memory with ``values``; callers that keep it copy it.
+
+    Args:
+        name: What the values are, for the message.
+        values: The integers.
+
+    Returns:
+        The ``int64`` array (an empty float array counts as an empty integer one).
+
+    Raises:
+        ValueError: if the values are not integers (bools included) or do not fit ``int64``.
+    """
+    if isinstance(values, Tensor):
+        values = values.detach().cpu().numpy()
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{name} must be an array of integers. Found a {type(values).__name__} that numpy "
+            "cannot read as one (ragged or mixed entries)."
+        ) from None
     if array.dtype == bool or not (
         np.issubdtype(array.dtype, np.integer) or (array.size == 0 and array.dtype == float)
     ):
         raise ValueError(f"{name} must hold integers. Found dtype {array.dtype}.")
+    if array.size and not np.can_cast(array.dtype, np.int64) and int(array.max()) > _INT64_MAX:
+        raise ValueError(
+            f"{name} must hold integers in [0, {_INT64_MAX}] (int64). Found {int(array.max())}."
+        )
     return array.astype(np.int64, copy=False)
+
+
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def _private(array: np.ndarray) -> np.ndarray:
+    """Return a read-only ``int64`` copy of ``array`` that nobody else holds."""
+    copy = np.array(array, dtype=np.int64, copy=True)
+    copy.setflags(write=False)
+    return copy
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,16 +151,54 @@ class ClientPartition:
     """A partition of the examples ``0 .. num_examples - 1`` into non-empty clients.
 
     Every example belongs to exactly one client and every client holds at least one example;
-    the constructors check it and refuse anything else with one line. Client ``c`` holds
-    ``order[offsets[c]:offsets[c + 1]]`` (in increasing example order).
+    every constructor checks it (the direct one ``ClientPartition(order, offsets)`` included)
+    and refuses anything else with one line. Client ``c`` holds
+    ``order[offsets[c]:offsets[c + 1]]``; the factories store each block in increasing example
+    order, the direct constructor keeps the order it is given.
+
+    The partition keeps read-only ``int64`` copies of the arrays it is given, so changing those
+    arrays afterwards does not change it; copies and pickles are checked again when rebuilt.
 
     Attributes:
-        order: Example indices grouped by client (``int64``, a permutation of the examples).
-        offsets: Start of each client's block in ``order``; ``num_clients + 1`` entries.
+        order: Example indices grouped by client (``int64``, a permutation of
+            ``0 .. num_examples - 1``; read-only).
+        offsets: Start of each client's block in ``order``; ``num_clients + 1`` strictly
+            increasing entries from ``0`` to ``num_examples`` (``int64``; read-only).
     """
 
     order: np.ndarray
     offsets: np.ndarray
+
+    def __post_init__(self) -> None:
+        """Check ``order`` and ``offsets`` and replace them by read-only private copies.
+
+        Raises:
+            ValueError: one line naming the field, if ``order`` is not a one-dimensional
+                permutation of ``0 .. N - 1`` (``N >= 1``), or ``offsets`` is not a
+                one-dimensional integer array starting at 0, strictly increasing (no empty
+                client) and ending at ``N``. Nothing is stored then.
+        """
+        order = _int_array("order", self.order)
+        if order.ndim != 1 or order.size == 0:
+            raise ValueError(
+                "order must be a non-empty one-dimensional array of example indices (a "
+                f"permutation of 0 .. N - 1). Found shape {order.shape}."
+            )
+        offsets = _int_array("offsets", self.offsets)
+        if offsets.ndim != 1 or offsets.size < 2:
+            raise ValueError(
+                "offsets must be a one-dimensional array of num_clients + 1 >= 2 integers. "
+                f"Found shape {offsets.shape}."
+            )
+        order, offsets = _private(order), _private(offsets)
+        _check_permutation(order)
+        _check_offsets(offsets, order.size)
+        object.__setattr__(self, "order", order)
+        object.__setattr__(self, "offsets", offsets)
+
+    def __reduce__(self) -> tuple[type[ClientPartition], tuple[np.ndarray, np.ndarray]]:
+        """Rebuild copies and pickles through the constructor, which checks them again."""
+        return (type(self), (self.order, self.offsets))
 
     @classmethod
     def from_client_ids(cls, client_ids: Any, num_clients: int | None = None) -> ClientPartition:
@@ -132,25 +206,38 @@ class ClientPartition:
 
         Args:
             client_ids: One integer per example (array, tensor or list), in ``[0, num_clients)``.
-            num_clients: Number of clients; ``max(client_ids) + 1`` by default.
+            num_clients: Number of clients, in ``[1, len(client_ids)]`` (every client holds an
+                example); ``max(client_ids) + 1`` by default.
 
         Returns:
             The partition.
 
         Raises:
-            ValueError: if an id is not an integer in range, or a client holds no example.
+            ValueError: if an id is not an integer in range, ``num_clients`` exceeds the number
+                of examples, or a client holds no example.
         """
-        if isinstance(client_ids, Tensor):
-            client_ids = client_ids.detach().cpu().numpy()
         ids = _int_array("client_ids", client_ids)
         if ids.ndim != 1 or ids.size == 0:
             raise ValueError(
                 f"client_ids must be a non-empty one-dimensional sequence (one id per example). "
                 f"Found shape {ids.shape}."
             )
-        top = int(ids.max()) + 1 if num_clients is None else num_clients
-        k = check_int("num_clients", top, minimum=1)
         low, high = int(ids.min()), int(ids.max())
+        if num_clients is None:
+            if high >= ids.size:  # more clients than examples: some would be empty
+                raise ValueError(
+                    f"client_ids must number the clients 0 .. k - 1 with every client holding an "
+                    f"example, so ids are at most {ids.size - 1} for {ids.size} examples. "
+                    f"Found {high}."
+                )
+            k = high + 1
+        else:
+            k = check_int("num_clients", num_clients, minimum=1)
+            if k > ids.size:
+                raise ValueError(
+                    f"num_clients must be an integer in [1, {ids.size}] (every client holds at "
+                    f"least one of the {ids.size} examples). Found {num_clients!r}."
+                )
         if low < 0 or high >= k:
             bad = low if low < 0 else high
             raise ValueError(f"client_ids must be integers in [0, {k - 1}]. Found {bad}.")
@@ -187,8 +274,6 @@ class ClientPartition:
             raise ValueError("clients must hold at least one client. Found an empty list.")
         blocks = []
         for c, indices in enumerate(clients):
-            if isinstance(indices, Tensor):
-                indices = indices.detach().cpu().numpy()
             block = _int_array(f"client {c}'s indices", indices).reshape(-1)
             blocks.append(block)
         counts = np.array([b.size for b in blocks], dtype=np.int64)
@@ -199,6 +284,14 @@ class ClientPartition:
         if int(flat.min()) < 0 or int(flat.max()) >= total:
             bad = int(flat.min()) if int(flat.min()) < 0 else int(flat.max())
             raise ValueError(f"example indices must be in [0, {total - 1}]. Found {bad}.")
+        if total > flat.size:  # fewer indices than examples; count without a size-total array
+            distinct = np.unique(flat)
+            gaps = np.flatnonzero(distinct != np.arange(distinct.size))
+            first = int(gaps[0]) if gaps.size else int(distinct.size)
+            raise ValueError(
+                f"the partition misses {total - distinct.size} of the {total} examples (example "
+                f"{first} first). Every example must belong to exactly one client."
+            )
         seen = np.bincount(flat, minlength=total)
         if (seen > 1).any():
             example = int(np.flatnonzero(seen > 1)[0])
@@ -236,11 +329,17 @@ class ClientPartition:
     def client(self, c: int) -> np.ndarray:
         """Return the example indices of client ``c``.
 
+        Args:
+            c: The client, in ``[0, num_clients)``.
+
+        Returns:
+            A new (writable) ``int64`` array; changing it does not change the partition.
+
         Raises:
             ValueError: if ``c`` is not a client.
         """
         c = check_int("client", c, minimum=0, maximum=self.num_clients - 1)
-        return self.order[self.offsets[c] : self.offsets[c + 1]]
+        return self.order[self.offsets[c] : self.offsets[c + 1]].copy()
 
     def __len__(self) -> int:
         """Return the number of clients."""
@@ -252,6 +351,46 @@ class ClientPartition:
         return (
             f"ClientPartition(num_clients={self.num_clients}, num_examples={self.num_examples}, "
             f"sizes {int(sizes.min())}..{int(sizes.max())})"
+        )
+
+
+def _check_permutation(order: np.ndarray) -> None:
+    """Refuse an ``order`` that is not a permutation of ``0 .. order.size - 1`` (one line)."""
+    n = order.size
+    low, high = int(order.min()), int(order.max())
+    if low < 0 or high >= n:
+        raise ValueError(
+            f"order must be a permutation of the example indices 0 .. {n - 1} (its length "
+            f"{n} is the number of examples). Found {low if low < 0 else high}."
+        )
+    seen = np.zeros(n, dtype=bool)
+    seen[order] = True
+    if not seen.all():  # in range and n entries: a missing index means a repeated one
+        counts = np.bincount(order, minlength=n)
+        repeated = int(np.flatnonzero(counts > 1)[0])
+        missing = int(np.flatnonzero(counts == 0)[0])
+        raise ValueError(
+            f"order must be a permutation of the example indices 0 .. {n - 1}, each example "
+            f"in exactly one client. Found example {repeated} {int(counts[repeated])} times "
+            f"and example {missing} missing."
+        )
+
+
+def _check_offsets(offsets: np.ndarray, num_examples: int) -> None:
+    """Refuse ``offsets`` that do not cut ``num_examples`` examples into non-empty clients."""
+    if int(offsets[0]) != 0 or int(offsets[-1]) != num_examples:
+        raise ValueError(
+            f"offsets must start at 0 and end at {num_examples} (the length of order). "
+            f"Found {int(offsets[0])} .. {int(offsets[-1])}."
+        )
+    steps = np.diff(offsets)
+    bad = np.flatnonzero(steps <= 0)
+    if bad.size:
+        c = int(bad[0])
+        raise ValueError(
+            f"offsets must be strictly increasing (every client holds at least one example). "
+            f"Found offsets[{c}] = {int(offsets[c])} and offsets[{c + 1}] = "
+            f"{int(offsets[c + 1])}: client {c} would hold {int(steps[c])} examples."
         )
 
 
@@ -570,18 +709,64 @@ class RoundResult:
     local_loss: float
 
 
+def _first_line(exc: BaseException) -> str:
+    """Return an exception as one line: its type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 def _materialise(data: Any) -> tuple[Tensor, Tensor]:
+    """Return the ``(inputs, targets)`` tensors of ``data``, one row per example.
+
+    Args:
+        data: A ``TensorDataset`` of two tensors, a pair of tensors, or a map-style ``Dataset``
+            of ``(input, target)`` pairs (read once, ``data[0] .. data[len(data) - 1]``, and
+            stacked with ``default_collate``).
+
+    Returns:
+        ``(inputs, targets)`` with the same first dimension ``>= 1``.
+
+    Raises:
+        ValueError: one line, for another kind of ``data``, an example that cannot be read
+            (the dataset's own exception is named, not re-raised), examples that are not
+            ``(input, target)`` pairs or do not stack, or tensors of unequal lengths.
+    """
     if isinstance(data, TensorDataset):
         tensors = data.tensors
     elif isinstance(data, (tuple, list)) and all(isinstance(t, Tensor) for t in data):
         tensors = tuple(data)
     elif isinstance(data, Dataset) and hasattr(data, "__len__"):
-        if len(data) == 0:  # type: ignore[arg-type]
+        size = len(data)  # type: ignore[arg-type]
+        if size == 0:
             raise ValueError("data must hold at least one example. Found an empty dataset.")
-        items = [data[i] for i in range(len(data))]  # type: ignore[arg-type]
-        if not isinstance(items[0], (tuple, list)) or len(items[0]) != 2:
-            raise ValueError("data's examples must be (input, target) pairs.")
-        tensors = tuple(default_collate(items))
+        items = []
+        for i in range(size):
+            try:
+                item = data[i]
+            except Exception as exc:  # noqa: BLE001 - the dataset's failure becomes one line
+                raise ValueError(
+                    f"data[{i}] cannot be read (data is read once, indices 0 .. {size - 1}): "
+                    f"{_first_line(exc)}"
+                ) from None
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise ValueError(
+                    f"data's examples must be (input, target) pairs. Found data[{i}] of type "
+                    f"{type(item).__name__}."
+                )
+            items.append(item)
+        try:
+            tensors = tuple(default_collate(items))
+        except Exception as exc:  # noqa: BLE001 - a collation failure becomes one line
+            raise ValueError(
+                f"data's examples must stack into an inputs tensor and a targets tensor: "
+                f"{_first_line(exc)}"
+            ) from None
+        if not all(isinstance(t, Tensor) for t in tensors):
+            found = ", ".join(type(t).__name__ for t in tensors)
+            raise ValueError(
+                f"data's inputs and targets must stack into tensors (numbers, arrays or "
+                f"tensors). Found {found}."
+            )
     else:
         raise ValueError(
             "data must be a TensorDataset of (inputs, targets), a pair of tensors, or a "
@@ -675,7 +860,7 @@ class FederatedTrainer:
             k: p for k, p in module.named_parameters() if not p.requires_grad
         }
         self._fixed.update(dict(module.named_buffers()))
-        self._order = torch.as_tensor(partition.order, dtype=torch.long, device=inputs.device)
+        self._order = torch.tensor(partition.order, dtype=torch.long, device=inputs.device)
         self._offsets = partition.offsets
         self._sizes = partition.sizes
         self._step_grad = vmap(
@@ -1064,6 +1249,35 @@ def _dry_run(
             )
 
 
+def _check_noise_generator(noise_generator: Any, device: torch.device) -> None:
+    """Refuse a noise generator that torch could not use to draw noise on ``device``.
+
+    Args:
+        noise_generator: The caller's ``noise_generator``.
+        device: Where the noise is drawn (the data's device, which is the module's).
+
+    Raises:
+        ValueError: one line, if it is neither ``None`` nor a ``torch.Generator``, or if it is
+            a generator of another device.
+    """
+    if noise_generator is None:
+        return
+    if not isinstance(noise_generator, torch.Generator):
+        raise ValueError(
+            "noise_generator must be a torch.Generator (e.g. torch.Generator().manual_seed(0)) "
+            f"or None. Found {type(noise_generator).__name__} {noise_generator!r:.60}."
+        )
+    where = noise_generator.device
+    if where.type != device.type or (
+        where.index is not None and device.index is not None and where.index != device.index
+    ):
+        raise ValueError(
+            f"noise_generator must be a generator of the data's device {device} (the noise is "
+            f"drawn there). Found a generator of {where}; use torch.Generator(device="
+            f"{str(device)!r})."
+        )
+
+
 def make_private_clients(
     engine: PrivacyEngine,
     *,
@@ -1131,7 +1345,8 @@ def make_private_clients(
             ``"per_client"`` (every client's draw).
         average: ``"expected"`` (divide by the expected reports per round) or ``"reports"``
             (by the round's actual number).
-        noise_generator: Torch generator of the noise (not in secure mode).
+        noise_generator: Torch generator of the noise, on the data's device, or ``None``
+            (torch's default generator); must be ``None`` in secure mode.
         client_chunk: Clients trained together in one vectorised call (integer >= 1); memory
             grows with it.
 
@@ -1145,6 +1360,7 @@ def make_private_clients(
     accountant = _shuffle_accountant(engine)
     spec = accountant.spec()
     inputs, targets = _materialise(data)
+    _check_noise_generator(noise_generator, inputs.device)
     clients = as_partition(partition, int(inputs.shape[0]))
     training = LocalTraining(
         client_lr=client_lr,

@@ -279,6 +279,9 @@ def test_loading_an_older_state_warns_that_epsilon_goes_back():
         ([(2.0, "0.05", 3)], r"\[0\] sample_rate must be a number in \(0, 1\]"),
         ([(True, 0.05, 3)], r"\[0\] noise_multiplier must be a finite number > 0"),
         ([(2.0, 0.05, 1.5)], r"\[0\] steps must be an integer >= 0"),
+        # len() and epsilon need the rounds as a count the analyses take (at most 2**62).
+        ([(2.0, 0.05, 10**30)], r"\[0\] steps must be an integer in \[0, 4611686018427387904\]"),
+        ([(2.0, 0.05, 2**62), (2.0, 0.05, 1)], r"at most 4611686018427387904 rounds in all"),
     ],
 )
 def test_malformed_saved_history_is_one_line(history, message):
@@ -288,6 +291,15 @@ def test_malformed_saved_history_is_one_line(history, message):
     with pytest.raises(ValueError, match=message) as info:
         acc.load_state_dict(state)
     assert "\n" not in str(info.value) and acc.history == []
+
+
+def test_a_saved_history_of_2_62_rounds_loads_and_counts():
+    """The bound on a loaded history is the largest count, not a smaller one."""
+    state = configured("shuffled_checkin").state_dict()
+    state["history"] = [(2.0, 0.05, 2**62 - 1), (3.0, 0.05, 1)]
+    acc = create_accountant("shuffled_checkin")
+    acc.load_state_dict(state)
+    assert len(acc) == 2**62
 
 
 @pytest.mark.parametrize(

@@ -15,14 +15,17 @@ import copy
 import functools
 import itertools
 import math
+import pickle
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from opacus import PrivacyEngine
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import shuffle_opacus
 from shuffle_opacus import history_epsilon
@@ -453,6 +456,21 @@ def test_partitions_cover_every_example_once():
         (lambda: ClientPartition.from_indices([[0, 5]], 2), "must be in [0, 1]"),
         (lambda: ClientPartition.from_client_ids([0, 2, 2], 3), "client 1 first"),
         (lambda: ClientPartition.from_client_ids([0, -1]), "integers in [0, 0]"),
+        # More clients (or examples) than indices: refused before any array of that size.
+        (
+            lambda: ClientPartition.from_client_ids([0, 1, 2], num_clients=10**12),
+            "num_clients must be an integer in [1, 3] (every client holds",
+        ),
+        (lambda: ClientPartition.from_client_ids([0, 10**12]), "ids are at most 1 for 2 examples"),
+        (
+            lambda: ClientPartition.from_indices([[0, 1]], 10**12),
+            "misses 999999999998 of the 1000000000000 examples (example 2 first)",
+        ),
+        (
+            lambda: ClientPartition.from_client_ids(np.array([0, 2**64 - 1], dtype=np.uint64)),
+            "client_ids must hold integers in [0, 9223372036854775807]",
+        ),
+        (lambda: ClientPartition.from_indices([[0, 1], [2, [3]]]), "client 1's indices must be"),
         (lambda: LocalTraining(client_lr=0.1, local_steps=0), "local_steps must be an integer"),
         (lambda: LocalTraining(client_lr=0.0, local_steps=1), "client_lr must be"),
         (lambda: LocalTraining(client_lr=-1.0, local_steps=1), "client_lr must be"),
@@ -473,6 +491,47 @@ def _bad_loss(out, target):
     return F.cross_entropy(out, target)  # a mean, not one loss per example
 
 
+class _Examples(Dataset):
+    """The 57 examples of ``data()`` as a map-style dataset with one broken example."""
+
+    def __init__(self, fail_at=None, ragged_at=None, single_at=None):
+        self.x, self.y = data()
+        self.fail_at, self.ragged_at, self.single_at = fail_at, ragged_at, single_at
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        if i == self.fail_at:
+            raise KeyError(i)  # e.g. a dict-backed dataset without this key
+        if i == self.single_at:
+            return self.x[i]
+        x = self.x[i, :3] if i == self.ragged_at else self.x[i]
+        return x, self.y[i]
+
+
+def test_a_map_style_dataset_is_read_once_in_order():
+    """The dataset path the refusals above guard gives the tensors of the pair path."""
+    x, y = data()
+    net = model()
+    run = make_private_clients(
+        PrivacyEngine(accountant="shuffled_checkin"),
+        module=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=1.0),
+        data=_Examples(),
+        partition=partition(),
+        loss_fn=LOSS,
+        noise_multiplier=SIGMA,
+        max_update_norm=CLIP,
+        client_lr=0.5,
+        local_steps=1,
+        rate=0.5,
+        rounds=1,
+        noise_generator=torch.Generator().manual_seed(0),
+    )
+    assert torch.equal(run.inputs, x) and torch.equal(run.targets, y)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -491,6 +550,12 @@ def _bad_loss(out, target):
         ({"accountant": "subsampled_shuffle", "rate": None, "sample_size": 10}, "sample_size"),
         ({"loss_fn": _bad_loss}, "one loss per example"),
         ({"local_steps": 1, "local_epochs": 1}, "exactly one of local_steps and local_epochs"),
+        ({"data": _Examples(fail_at=3)}, "data[3] cannot be read (data is read once, indices 0 .."),
+        ({"data": _Examples(fail_at=0)}, "data[0] cannot be read"),
+        ({"data": _Examples(ragged_at=5)}, "data's examples must stack into an inputs tensor"),
+        ({"data": _Examples(single_at=2)}, "must be (input, target) pairs. Found data[2] of type"),
+        ({"noise_generator": "gen"}, "noise_generator must be a torch.Generator"),
+        ({"noise_generator": np.random.default_rng(0)}, "noise_generator must be a torch.Gen"),
     ],
 )
 def test_bad_input_changes_nothing(change, message):
@@ -498,6 +563,7 @@ def test_bad_input_changes_nothing(change, message):
     net = model()
     before = [p.detach().clone() for p in net.parameters()]
     kw = {
+        "data": (x, y),
         "noise_multiplier": SIGMA,
         "max_update_norm": CLIP,
         "client_lr": 0.5,
@@ -512,7 +578,7 @@ def test_bad_input_changes_nothing(change, message):
     engine = PrivacyEngine(accountant=kw.pop("accountant", "shuffled_checkin"))
     optimizer = torch.optim.SGD(net.parameters(), lr=1.0)
     with pytest.raises(ValueError) as info:
-        make_private_clients(engine, module=net, optimizer=optimizer, data=(x, y), **kw)
+        make_private_clients(engine, module=net, optimizer=optimizer, **kw)
     assert message in str(info.value), str(info.value)
     assert "\n" not in str(info.value)
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
@@ -569,3 +635,153 @@ def test_batchnorm_and_foreign_optimizers_are_refused():
         make_private_clients(
             engine, module=plain, optimizer=torch.optim.SGD(model().parameters(), lr=1.0), **kw
         )
+
+
+def test_the_noise_generator_must_be_of_the_data_device():
+    """The check itself, without a GPU: a CPU generator for CUDA data is refused in one line."""
+    from shuffle_opacus.clients import _check_noise_generator
+
+    _check_noise_generator(None, torch.device("cuda", 0))
+    _check_noise_generator(torch.Generator(), torch.device("cpu"))
+    with pytest.raises(ValueError) as info:
+        _check_noise_generator(torch.Generator(), torch.device("cuda", 0))
+    assert str(info.value) == (
+        "noise_generator must be a generator of the data's device cuda:0 (the noise is drawn "
+        "there). Found a generator of cpu; use torch.Generator(device='cuda:0')."
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device type (CUDA)")
+def test_a_noise_generator_of_another_device_is_refused():
+    x, y = data()
+    net = model()
+    with pytest.raises(ValueError, match="noise_generator must be a generator of the data's dev"):
+        make_private_clients(
+            PrivacyEngine(accountant="shuffled_checkin"),
+            module=net,
+            optimizer=torch.optim.SGD(net.parameters(), lr=1.0),
+            data=(x, y),
+            partition=partition(),
+            loss_fn=LOSS,
+            noise_multiplier=SIGMA,
+            max_update_norm=CLIP,
+            client_lr=0.5,
+            local_steps=1,
+            rate=0.5,
+            rounds=1,
+            noise_generator=torch.Generator(device="cuda"),
+        )
+
+
+@pytest.mark.parametrize(
+    ("order", "offsets", "message"),
+    [
+        # One example in two clients (and example 3 in none): outside testing's finding.
+        ([0, 1, 0, 2], [0, 2, 4], "order must be a permutation of the example indices 0 .. 3"),
+        ([0, 1, 2], [0, 2, 1, 3], "client 1 would hold -1 examples"),  # decreasing offsets
+        ([0, 1, 7], [0, 2, 3], "order must be a permutation of the example indices 0 .. 2"),
+        ([0, -1, 2], [0, 2, 3], "Found -1"),
+        ([0, 1, 2], [0, 2, 2, 3], "offsets must be strictly increasing"),  # an empty client
+        ([0, 1, 2], [1, 3], "offsets must start at 0 and end at 3"),
+        ([0, 1, 2], [0, 2], "offsets must start at 0 and end at 3"),
+        ([0, 1, 2], [0, 4], "offsets must start at 0 and end at 3"),
+        ([0, 1, 2], [3], "offsets must be a one-dimensional array of num_clients + 1 >= 2"),
+        ([0, 1, 2], [[0, 3]], "offsets must be a one-dimensional array"),
+        ([], [0], "order must be a non-empty one-dimensional array"),
+        ([[0, 1], [2, 3]], [0, 4], "order must be a non-empty one-dimensional array"),
+        ([0.0, 1.0], [0, 2], "order must hold integers. Found dtype float64"),
+        ([True, False], [0, 2], "order must hold integers. Found dtype bool"),
+        ([0, 1], [0.0, 2.0], "offsets must hold integers"),
+        ([0, 1], "ab", "offsets must hold integers"),
+        ([0, [1]], [0, 2], "order must be an array of integers"),
+        (np.array([0, 2**63], dtype=np.uint64), [0, 2], "order must hold integers in [0, 9223"),
+    ],
+)
+def test_the_direct_constructor_checks_order_and_offsets(order, offsets, message):
+    with pytest.raises(ValueError) as info:
+        ClientPartition(order, offsets)
+    assert message in str(info.value), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_partition_keeps_its_own_read_only_arrays():
+    order, offsets = np.array([2, 0, 1, 3]), np.array([0, 1, 4])
+    part = ClientPartition(order, offsets)
+    order[:] = 0  # the caller's arrays change afterwards; the partition does not
+    offsets[1] = 3
+    assert part.order.tolist() == [2, 0, 1, 3] and part.offsets.tolist() == [0, 1, 4]
+    assert part.order.dtype == part.offsets.dtype == np.int64
+    with pytest.raises(ValueError, match="read-only"):
+        part.order[0] = 0
+    with pytest.raises(ValueError, match="read-only"):
+        part.offsets[1] = 2
+    mine = part.client(1)  # a copy the caller may change
+    mine[0] = 99
+    assert part.client(1).tolist() == [0, 1, 3]
+    ids = torch.tensor([1, 0, 1])
+    from_tensor = ClientPartition.from_client_ids(ids)
+    ids[0] = 0
+    assert from_tensor.client(1).tolist() == [0, 2]
+    for copied in (copy.copy(part), copy.deepcopy(part), pickle.loads(pickle.dumps(part))):
+        assert copied.order.tolist() == [2, 0, 1, 3] and copied.offsets.tolist() == [0, 1, 4]
+        assert not copied.order.flags.writeable and not copied.offsets.flags.writeable
+
+
+def test_a_rebuilt_partition_is_checked_again():
+    """Pickles go through the constructor: a tampered one is refused, not trusted."""
+    part = ClientPartition.from_client_ids([0, 0, 1])
+    tampered = pickle.dumps(part).replace(
+        np.array([0, 2, 3], dtype=np.int64).tobytes(), np.array([0, 3, 3], dtype=np.int64).tobytes()
+    )
+    assert tampered != pickle.dumps(part)
+    with pytest.raises(ValueError, match="offsets must be strictly increasing"):
+        pickle.loads(tampered)
+
+
+@st.composite
+def _client_ids(draw):
+    """One client id per example, every client of ``0 .. k - 1`` holding at least one."""
+    k = draw(st.integers(1, 12))
+    extra = draw(st.lists(st.integers(0, k - 1), max_size=30))
+    ids = list(range(k)) + extra
+    return draw(st.permutations(ids)), k
+
+
+@given(_client_ids())
+def test_factory_partitions_round_trip_through_the_direct_constructor(drawn):
+    ids, k = drawn
+    part = ClientPartition.from_client_ids(ids)
+    again = ClientPartition(part.order, part.offsets)
+    assert np.array_equal(again.order, part.order)
+    assert np.array_equal(again.offsets, part.offsets)
+    assert again.num_clients == k and again.num_examples == len(ids)
+    for c in range(k):
+        assert np.flatnonzero(np.asarray(ids) == c).tolist() == again.client(c).tolist()
+
+
+@given(_client_ids(), st.data())
+def test_every_corrupted_order_or_offsets_is_refused(drawn, draws):
+    ids, k = drawn
+    part = ClientPartition.from_client_ids(ids)
+    order, offsets = part.order.copy(), part.offsets.copy()
+    n = order.size
+    kind = draws.draw(st.sampled_from(["repeat", "range", "offset", "end", "start"]))
+    if kind == "repeat" and n >= 2:  # one example twice (and so another one missing)
+        i, j = draws.draw(st.lists(st.integers(0, n - 1), min_size=2, max_size=2, unique=True))
+        order[i] = order[j]
+    elif kind == "range" or kind == "repeat":  # an index outside 0 .. n - 1
+        i = draws.draw(st.integers(0, n - 1))
+        order[i] = draws.draw(st.one_of(st.integers(-(2**40), -1), st.integers(n, 2**40)))
+    elif kind == "offset" and k >= 2:  # an inner offset moved onto or past a neighbour
+        c = draws.draw(st.integers(1, k - 1))
+        offsets[c] = draws.draw(
+            st.one_of(st.integers(-5, int(offsets[c - 1])), st.integers(int(offsets[c + 1]), n + 5))
+        )
+    elif kind == "start" or kind == "offset":
+        offsets[0] = draws.draw(st.integers(-5, 5).filter(lambda v: v != 0))
+    else:
+        offsets[-1] = draws.draw(st.integers(-5, n + 5).filter(lambda v: v != n))
+    with pytest.raises(ValueError) as info:
+        ClientPartition(order, offsets)
+    assert "\n" not in str(info.value)
+    assert str(info.value).startswith(("order must", "offsets must"))
