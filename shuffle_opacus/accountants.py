@@ -85,7 +85,9 @@ class HistoryRollbackWarning(UserWarning):
     """A loaded state holds fewer rounds than the accountant had: epsilon goes back with it."""
 
 
-def _read_history(raw: object) -> list[tuple[float, float, int]]:
+def _read_history(
+    raw: object, name: str = "state_dict['history']"
+) -> list[tuple[float, float, int]]:
     """Validate a saved history: a sequence of ``(noise_multiplier, sample_rate, steps)``.
 
     ``steps`` of an entry, and the rounds of all entries together, are at most
@@ -93,7 +95,8 @@ def _read_history(raw: object) -> list[tuple[float, float, int]]:
     analyses take), so ``len(accountant)`` and epsilon can be computed for what is loaded.
 
     Args:
-        raw: The ``history`` of a saved state.
+        raw: The ``history`` of a saved state (or of an accountant).
+        name: How messages name it.
 
     Returns:
         The entries as ``(float, float, int)`` triples.
@@ -104,13 +107,13 @@ def _read_history(raw: object) -> list[tuple[float, float, int]]:
     """
     if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
         raise ValueError(
-            f"state_dict['history'] must be a list of (noise_multiplier, sample_rate, steps) "
+            f"{name} must be a list of (noise_multiplier, sample_rate, steps) "
             f"entries. Found {type(raw).__name__}."
         )
     history = []
     rounds = 0
     for i, entry in enumerate(raw):
-        where = f"state_dict['history'][{i}]"
+        where = f"{name}[{i}]"
         if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 3:
             raise ValueError(
                 f"{where} must be a (noise_multiplier, sample_rate, steps) triple. Found {entry!r}."
@@ -126,7 +129,7 @@ def _read_history(raw: object) -> list[tuple[float, float, int]]:
         rounds += history[-1][2]
         if rounds > MAX_INT:
             raise ValueError(
-                f"state_dict['history'] must hold at most {MAX_INT} rounds in all (steps summed "
+                f"{name} must hold at most {MAX_INT} rounds in all (steps summed "
                 f"over the entries). Found {rounds} by entry {i}."
             )
     return history
@@ -378,8 +381,13 @@ class ShuffleAccountantBase(IAccountant):
         self.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate)
 
     def __len__(self) -> int:
-        """Return the number of rounds recorded."""
-        return int(sum(entry[2] for entry in self.history))
+        """Return the number of rounds recorded.
+
+        Raises:
+            ValueError: if the history (assigned directly) is malformed or holds more than
+                ``2**62`` rounds (one line, as :meth:`load_state_dict` says it).
+        """
+        return int(sum(entry[2] for entry in _read_history(self.history, "history")))
 
     def get_privacy_spent(self, *, delta: float, max_order: int | None = None) -> tuple[float, int]:
         """Return ``(epsilon, order)`` for the history so far (``(0.0, 0)`` when empty).

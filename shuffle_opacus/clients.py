@@ -72,7 +72,13 @@ from .analysis._validation import check_int, check_positive
 from .clipping import clip_factors
 from .noise import NOISE_MODES, local_noise_sum
 from .plan_checks import check_release_plan
-from .privacy import PrivacyOptions, _shuffle_accountant, bind_get_epsilon, new_sampler
+from .privacy import (
+    PrivacyOptions,
+    _check_noise_generator,
+    _shuffle_accountant,
+    bind_get_epsilon,
+    new_sampler,
+)
 from .protocols import resolve_sensitivity
 from .sampling import FixedSizeShuffledSampler, ShuffleRoundSampler
 
@@ -1247,35 +1253,6 @@ def _dry_run(
                 f"loss_fn must return one loss per example (shape ({rows.numel()},) here). "
                 f"Found {shape}; e.g. pass reduction='none' to torch's losses."
             )
-
-
-def _check_noise_generator(noise_generator: Any, device: torch.device) -> None:
-    """Refuse a noise generator that torch could not use to draw noise on ``device``.
-
-    Args:
-        noise_generator: The caller's ``noise_generator``.
-        device: Where the noise is drawn (the data's device, which is the module's).
-
-    Raises:
-        ValueError: one line, if it is neither ``None`` nor a ``torch.Generator``, or if it is
-            a generator of another device.
-    """
-    if noise_generator is None:
-        return
-    if not isinstance(noise_generator, torch.Generator):
-        raise ValueError(
-            "noise_generator must be a torch.Generator (e.g. torch.Generator().manual_seed(0)) "
-            f"or None. Found {type(noise_generator).__name__} {noise_generator!r:.60}."
-        )
-    where = noise_generator.device
-    if where.type != device.type or (
-        where.index is not None and device.index is not None and where.index != device.index
-    ):
-        raise ValueError(
-            f"noise_generator must be a generator of the data's device {device} (the noise is "
-            f"drawn there). Found a generator of {where}; use torch.Generator(device="
-            f"{str(device)!r})."
-        )
 
 
 def make_private_clients(

@@ -242,6 +242,35 @@ def new_sampler(spec: Protocol, name: str, n: int, options: PrivacyOptions) -> S
     )
 
 
+def _check_noise_generator(noise_generator: Any, device: torch.device) -> None:
+    """Refuse a noise generator that torch could not use to draw noise on ``device``.
+
+    Args:
+        noise_generator: The caller's ``noise_generator``.
+        device: Where the noise is drawn (the module's device).
+
+    Raises:
+        ValueError: one line, if it is neither ``None`` nor a ``torch.Generator``, or if it is
+            a generator of another device.
+    """
+    if noise_generator is None:
+        return
+    if not isinstance(noise_generator, torch.Generator):
+        raise ValueError(
+            "noise_generator must be a torch.Generator (e.g. torch.Generator().manual_seed(0)) "
+            f"or None. Found {type(noise_generator).__name__} {noise_generator!r:.60}."
+        )
+    where = noise_generator.device
+    if where.type != device.type or (
+        where.index is not None and device.index is not None and where.index != device.index
+    ):
+        raise ValueError(
+            f"noise_generator must be a generator of the device {device} (the noise is "
+            f"drawn there). Found a generator of {where}; use torch.Generator(device="
+            f"{str(device)!r})."
+        )
+
+
 def _check_training_args(
     engine: PrivacyEngine,
     module: nn.Module,
@@ -272,6 +301,10 @@ def _check_training_args(
         )
     if engine.secure_mode and options.noise_generator is not None:
         raise ValueError("noise_generator must be None in secure mode (Opacus's rule).")
+    first = next(module.parameters(), None)
+    _check_noise_generator(
+        options.noise_generator, first.device if first is not None else torch.device("cpu")
+    )
     if engine.secure_mode and options.noise_mode == "per_client":
         raise ValueError("noise_mode='per_client' is a reference mode and has no secure mode.")
     params = set(module.parameters())

@@ -208,7 +208,7 @@ def test_unexpected_keyword_arguments_are_rejected():
 def test_negative_steps_in_a_history_are_rejected():
     acc = configured("shuffled_checkin")
     acc.history = [(2.0, 0.05, 10), (2.0, 0.05, -3)]
-    with pytest.raises(ValueError, match="steps must be an integer >= 0"):
+    with pytest.raises(ValueError, match=r"history\[1\] steps must be an integer in \[0, "):
         acc.get_epsilon(1e-5)
 
 

@@ -639,14 +639,14 @@ def test_batchnorm_and_foreign_optimizers_are_refused():
 
 def test_the_noise_generator_must_be_of_the_data_device():
     """The check itself, without a GPU: a CPU generator for CUDA data is refused in one line."""
-    from shuffle_opacus.clients import _check_noise_generator
+    from shuffle_opacus.privacy import _check_noise_generator
 
     _check_noise_generator(None, torch.device("cuda", 0))
     _check_noise_generator(torch.Generator(), torch.device("cpu"))
     with pytest.raises(ValueError) as info:
         _check_noise_generator(torch.Generator(), torch.device("cuda", 0))
     assert str(info.value) == (
-        "noise_generator must be a generator of the data's device cuda:0 (the noise is drawn "
+        "noise_generator must be a generator of the device cuda:0 (the noise is drawn "
         "there). Found a generator of cpu; use torch.Generator(device='cuda:0')."
     )
 
@@ -655,7 +655,7 @@ def test_the_noise_generator_must_be_of_the_data_device():
 def test_a_noise_generator_of_another_device_is_refused():
     x, y = data()
     net = model()
-    with pytest.raises(ValueError, match="noise_generator must be a generator of the data's dev"):
+    with pytest.raises(ValueError, match="noise_generator must be a generator of the device"):
         make_private_clients(
             PrivacyEngine(accountant="shuffled_checkin"),
             module=net,

@@ -348,3 +348,18 @@ def test_a_replaced_engine_accountant_is_refused():
         engine.get_epsilon(1e-5)
     with pytest.raises(ValueError, match="replaced after 6 rounds"):
         users(engine, seed=1)
+
+
+def test_a_noise_generator_that_is_not_one_is_refused_at_make_private():
+    with pytest.raises(ValueError, match="noise_generator must be a torch.Generator"):
+        private("shuffled_checkin", noise_generator="gen")
+
+
+def test_a_directly_assigned_history_of_too_many_rounds_is_one_line():
+    engine = PrivacyEngine(accountant="shuffled_checkin")
+    engine.accountant.configure(population=10)
+    engine.accountant.history = [(1.0, 0.1, 10**30)]
+    with pytest.raises(ValueError, match=r"history\[0\] steps must be an integer"):
+        len(engine.accountant)
+    with pytest.raises(ValueError, match=r"history\[0\] steps must be an integer"):
+        engine.accountant.get_epsilon(1e-5)
