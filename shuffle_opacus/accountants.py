@@ -46,20 +46,20 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from copy import deepcopy
 from typing import Any, ClassVar
 
 from opacus.accountants import IAccountant, register_accountant
 from opacus.accountants import registry as _opacus_registry
 
+from .accountant_state import HistoryRollbackWarning, load_state, state_of
+from .accountant_state import read_history as _read_history
 from .accounting import history_epsilon
-from .analysis._validation import MAX_INT, _real, check_int, check_positive, check_probability
+from .analysis._validation import _real, check_int, check_positive, check_probability
 from .analysis.rdp.conversion import EpsilonResult
 from .protocols import Protocol, protocol_for_accountant, resolve_sensitivity
 from .releases import ReleaseRecord, ReplayError
-from .step_guard import StepGuard
+from .step_guard import follow_sampler
 
 __all__ = [
     "ShuffleAccountantBase",
@@ -75,64 +75,6 @@ _HELPER_HINT = (
     "use shuffle_opacus.make_private(engine, ...) (or shuffle_opacus.make_private_with_epsilon), "
     "which adds each client's local noise and configures the accountant"
 )
-
-
-def _method_text(method: str | None) -> str:
-    return "the default method (pld where affordable)" if method is None else f"method {method!r}"
-
-
-class HistoryRollbackWarning(UserWarning):
-    """A loaded state holds fewer rounds than the accountant had: epsilon goes back with it."""
-
-
-def _read_history(
-    raw: object, name: str = "state_dict['history']"
-) -> list[tuple[float, float, int]]:
-    """Validate a saved history: a sequence of ``(noise_multiplier, sample_rate, steps)``.
-
-    ``steps`` of an entry, and the rounds of all entries together, are at most
-    :data:`~shuffle_opacus.analysis._validation.MAX_INT` (``2**62``, the largest count the
-    analyses take), so ``len(accountant)`` and epsilon can be computed for what is loaded.
-
-    Args:
-        raw: The ``history`` of a saved state (or of an accountant).
-        name: How messages name it.
-
-    Returns:
-        The entries as ``(float, float, int)`` triples.
-
-    Raises:
-        ValueError: one line naming the first malformed entry, or the total when the entries
-            hold more than ``2**62`` rounds together.
-    """
-    if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
-        raise ValueError(
-            f"{name} must be a list of (noise_multiplier, sample_rate, steps) "
-            f"entries. Found {type(raw).__name__}."
-        )
-    history = []
-    rounds = 0
-    for i, entry in enumerate(raw):
-        where = f"{name}[{i}]"
-        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 3:
-            raise ValueError(
-                f"{where} must be a (noise_multiplier, sample_rate, steps) triple. Found {entry!r}."
-            )
-        nm, rate, steps = entry
-        history.append(
-            (
-                check_positive(f"{where} noise_multiplier", nm),
-                check_probability(f"{where} sample_rate", rate),
-                check_int(f"{where} steps", steps, minimum=0, maximum=MAX_INT),
-            )
-        )
-        rounds += history[-1][2]
-        if rounds > MAX_INT:
-            raise ValueError(
-                f"{name} must hold at most {MAX_INT} rounds in all (steps summed "
-                f"over the entries). Found {rounds} by entry {i}."
-            )
-    return history
 
 
 class ShuffleAccountantBase(IAccountant):
@@ -487,15 +429,7 @@ class ShuffleAccountantBase(IAccountant):
         Returns:
             The filled mapping.
         """
-        out: Any = OrderedDict() if destination is None else destination
-        out["history"] = deepcopy(self.history)
-        out["mechanism"] = self.mechanism()
-        out["population"] = self.population
-        out["sensitivity"] = self.sensitivity
-        out["method"] = self.method
-        out["sample_size"] = self.sample_size
-        out["released"] = self.releases.state()
-        return out
+        return state_of(self, destination)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a :meth:`state_dict`; all checks run before anything changes.
@@ -522,73 +456,7 @@ class ShuffleAccountantBase(IAccountant):
             ValueError: on a missing key, a different mechanism, a malformed history, an invalid
                 entry or a configuration conflict (one line each).
         """
-        if not isinstance(state_dict, Mapping) or not state_dict:
-            raise ValueError(
-                f"state_dict must be a non-empty mapping saved by {self.name}'s state_dict(). "
-                f"Found {type(state_dict).__name__}."
-            )
-        for key in ("history", "mechanism", "population", "sensitivity", "method"):
-            if key not in state_dict:
-                raise ValueError(f"state_dict has no key {key!r}; it was not saved by {self.name}.")
-        if state_dict["mechanism"] != self.mechanism():
-            raise ValueError(
-                f"state_dict of mechanism {state_dict['mechanism']!r} cannot be loaded into the "
-                f"{self.name} accountant."
-            )
-        history = _read_history(state_dict["history"])
-        released = ReleaseRecord.from_state(state_dict.get("released", []))
-        fresh = type(self)()
-        if state_dict["population"] is not None:
-            fresh.configure(
-                population=state_dict["population"],
-                sensitivity=state_dict["sensitivity"],
-                method=state_dict["method"],
-                sample_size=state_dict.get("sample_size"),
-            )
-            if self.population is not None:
-                mine = (self.population, self.sensitivity, self.sample_size)
-                theirs = (fresh.population, fresh.sensitivity, fresh.sample_size)
-                if mine != theirs:
-                    raise ValueError(
-                        f"checkpoint of the {self.name} accountant has (population, "
-                        f"sensitivity, sample_size) = {theirs}, but this accountant is "
-                        f"configured with {mine}."
-                    )
-                if fresh.method != self.method:
-                    raise ValueError(
-                        f"checkpoint of the {self.name} accountant was computed with "
-                        f"{_method_text(fresh.method)}, but this accountant is configured with "
-                        f"{_method_text(self.method)}; to switch, call configure(..., method="
-                        f"{fresh.method!r}) before loading."
-                    )
-        elif self.population is not None:
-            fresh.configure(
-                population=self.population,
-                sensitivity=self.sensitivity,
-                method=self.method,
-                sample_size=self.sample_size,
-            )
-        for nm, rate, _ in history:
-            fresh._check_step(nm, rate)
-        if fresh.population is not None:
-            fresh._check_rates(history, fresh.population, fresh.sample_size)
-        rounds = sum(steps for _, _, steps in history)
-        if rounds < len(self):
-            warnings.warn(
-                f"the {self.name} accountant held {len(self)} rounds and the loaded state "
-                f"{rounds}: epsilon goes back to that state's, although the later rounds were "
-                f"released. Load an earlier state only to train again from it, with new rounds.",
-                HistoryRollbackWarning,
-                stacklevel=2,
-            )
-        self.history = history
-        # The record only grows: a round released before a rollback stays released.
-        self.releases.merge(released)
-        if fresh.population is not None:
-            self.population = fresh.population
-            self.sensitivity = fresh.sensitivity
-            self.method = fresh.method
-            self.sample_size = fresh.sample_size
+        load_state(self, state_dict)
 
     def get_optimizer_hook_fn(self, sample_rate: float) -> Callable[[Any], None]:
         """Refuse Opacus's own attachment, which would pair this accountant with central noise.
@@ -637,49 +505,7 @@ class ShuffleAccountantBase(IAccountant):
             ValueError: if the accountant is not configured, the sampler belongs to another
                 protocol or already feeds an accountant, or ``noise_multiplier`` is invalid.
         """
-        self._require_configured("the optimizer hook")
-        sigma = check_positive("noise_multiplier", noise_multiplier)
-        spec = self.spec()
-        if getattr(sampler, "protocol", None) != spec.name:
-            raise ValueError(
-                f"the {self.name} accountant needs a sampler of the {spec.name} protocol "
-                f"({spec.sampler}). Found {sampler!r}."
-            )
-        rate = check_probability("sample_rate", sampler.sample_rate)
-        self._check_step(sigma, rate)
-        expected = spec.reports_per_round(
-            population=self.population,  # type: ignore[arg-type]
-            sample_size=self.sample_size,
-        )
-        guard = StepGuard(self.name)
-        seed = sampler.seed
-
-        def release(t: int, batch: list[int]) -> None:
-            self.release(seed, t, noise_multiplier=sigma, sample_rate=rate)
-            guard.on_release(t, len(batch))
-
-        def hook(optimizer: Any) -> None:
-            from .noise import LocalNoiseDPOptimizer
-
-            if not isinstance(optimizer, LocalNoiseDPOptimizer):
-                raise ValueError(f"the {self.name} accountant needs local noise: {_HELPER_HINT}.")
-            if optimizer.noise_multiplier != sigma or optimizer.accounting_sample_rate != rate:
-                raise ValueError(
-                    f"the {self.name} accountant records noise_multiplier={sigma!r} and "
-                    f"sample_rate={rate!r}; this optimizer uses "
-                    f"{optimizer.noise_multiplier!r} and {optimizer.accounting_sample_rate!r}."
-                )
-            reports = optimizer.last_report_count
-            if expected is not None and reports != expected:
-                raise ValueError(
-                    f"the {self.name} accountant expects {expected} reports per round; this "
-                    f"round had {reports}. Is the data loader's sampler the matching one?"
-                )
-            guard.check_step(reports)
-
-        hook.guard = guard  # type: ignore[attr-defined]
-        sampler.attach_release_hook(release)
-        return hook
+        return follow_sampler(self, sampler, noise_multiplier=noise_multiplier)
 
 
 class ShuffleAccountant(ShuffleAccountantBase):

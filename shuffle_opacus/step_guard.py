@@ -20,8 +20,15 @@ iterating, a released round is current at once.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["StepGuard"]
+from .analysis._validation import check_positive, check_probability
+
+if TYPE_CHECKING:
+    from .accountants import ShuffleAccountantBase
+
+__all__ = ["StepGuard", "follow_sampler"]
 
 
 class StepGuard:
@@ -110,3 +117,69 @@ class StepGuard:
         self._current_stepped = True
         self.stepped += 1
         return t
+
+
+def follow_sampler(
+    accountant: ShuffleAccountantBase, sampler: Any, *, noise_multiplier: float
+) -> Callable[[Any], None]:
+    """Make ``accountant`` follow ``sampler``; return the optimizer's step hook.
+
+    The body of :meth:`ShuffleAccountantBase.local_noise_hook
+    <shuffle_opacus.accountants.ShuffleAccountantBase.local_noise_hook>`, which documents it.
+
+    Args:
+        accountant: A configured shuffle accountant.
+        sampler: A sampler of the accountant's protocol that no accountant follows yet.
+        noise_multiplier: The optimizer's local noise multiplier.
+
+    Returns:
+        The step hook (with the :class:`StepGuard` as ``hook.guard``).
+
+    Raises:
+        ValueError: as the method documents.
+    """
+    from .accountants import _HELPER_HINT
+
+    accountant._require_configured("the optimizer hook")
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    spec = accountant.spec()
+    if getattr(sampler, "protocol", None) != spec.name:
+        raise ValueError(
+            f"the {accountant.name} accountant needs a sampler of the {spec.name} protocol "
+            f"({spec.sampler}). Found {sampler!r}."
+        )
+    rate = check_probability("sample_rate", sampler.sample_rate)
+    accountant._check_step(sigma, rate)
+    expected = spec.reports_per_round(
+        population=accountant.population,  # type: ignore[arg-type]
+        sample_size=accountant.sample_size,
+    )
+    guard = StepGuard(accountant.name)
+    seed = sampler.seed
+
+    def release(t: int, batch: list[int]) -> None:
+        accountant.release(seed, t, noise_multiplier=sigma, sample_rate=rate)
+        guard.on_release(t, len(batch))
+
+    def hook(optimizer: Any) -> None:
+        from .noise import LocalNoiseDPOptimizer
+
+        if not isinstance(optimizer, LocalNoiseDPOptimizer):
+            raise ValueError(f"the {accountant.name} accountant needs local noise: {_HELPER_HINT}.")
+        if optimizer.noise_multiplier != sigma or optimizer.accounting_sample_rate != rate:
+            raise ValueError(
+                f"the {accountant.name} accountant records noise_multiplier={sigma!r} and "
+                f"sample_rate={rate!r}; this optimizer uses "
+                f"{optimizer.noise_multiplier!r} and {optimizer.accounting_sample_rate!r}."
+            )
+        reports = optimizer.last_report_count
+        if expected is not None and reports != expected:
+            raise ValueError(
+                f"the {accountant.name} accountant expects {expected} reports per round; this "
+                f"round had {reports}. Is the data loader's sampler the matching one?"
+            )
+        guard.check_step(reports)
+
+    hook.guard = guard  # type: ignore[attr-defined]
+    sampler.attach_release_hook(release)
+    return hook

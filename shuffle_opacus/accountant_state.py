@@ -1,0 +1,185 @@
+"""Saving and loading an accountant's state: the history, the configuration and the released rounds.
+
+The functions here are the bodies of :meth:`ShuffleAccountantBase.state_dict` and
+:meth:`~ShuffleAccountantBase.load_state_dict` (:mod:`shuffle_opacus.accountants`), which keep
+their documentation.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from copy import deepcopy
+from typing import TYPE_CHECKING, Any
+
+from .analysis._validation import MAX_INT, check_int, check_positive, check_probability
+from .releases import ReleaseRecord
+
+if TYPE_CHECKING:
+    from .accountants import ShuffleAccountantBase
+
+__all__ = ["HistoryRollbackWarning", "load_state", "read_history", "state_of"]
+
+
+def _method_text(method: str | None) -> str:
+    return "the default method (pld where affordable)" if method is None else f"method {method!r}"
+
+
+class HistoryRollbackWarning(UserWarning):
+    """A loaded state holds fewer rounds than the accountant had: epsilon goes back with it."""
+
+
+def read_history(
+    raw: object, name: str = "state_dict['history']"
+) -> list[tuple[float, float, int]]:
+    """Validate a saved history: a sequence of ``(noise_multiplier, sample_rate, steps)``.
+
+    ``steps`` of an entry, and the rounds of all entries together, are at most
+    :data:`~shuffle_opacus.analysis._validation.MAX_INT` (``2**62``, the largest count the
+    analyses take), so ``len(accountant)`` and epsilon can be computed for what is loaded.
+
+    Args:
+        raw: The ``history`` of a saved state (or of an accountant).
+        name: How messages name it.
+
+    Returns:
+        The entries as ``(float, float, int)`` triples.
+
+    Raises:
+        ValueError: one line naming the first malformed entry, or the total when the entries
+            hold more than ``2**62`` rounds together.
+    """
+    if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
+        raise ValueError(
+            f"{name} must be a list of (noise_multiplier, sample_rate, steps) "
+            f"entries. Found {type(raw).__name__}."
+        )
+    history = []
+    rounds = 0
+    for i, entry in enumerate(raw):
+        where = f"{name}[{i}]"
+        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 3:
+            raise ValueError(
+                f"{where} must be a (noise_multiplier, sample_rate, steps) triple. Found {entry!r}."
+            )
+        nm, rate, steps = entry
+        history.append(
+            (
+                check_positive(f"{where} noise_multiplier", nm),
+                check_probability(f"{where} sample_rate", rate),
+                check_int(f"{where} steps", steps, minimum=0, maximum=MAX_INT),
+            )
+        )
+        rounds += history[-1][2]
+        if rounds > MAX_INT:
+            raise ValueError(
+                f"{name} must hold at most {MAX_INT} rounds in all (steps summed "
+                f"over the entries). Found {rounds} by entry {i}."
+            )
+    return history
+
+
+def state_of(
+    accountant: ShuffleAccountantBase, destination: Mapping[str, Any] | None = None
+) -> Mapping[str, Any]:
+    """Return ``accountant``'s state (see :meth:`ShuffleAccountantBase.state_dict`).
+
+    Args:
+        accountant: The accountant.
+        destination: Mapping to fill; a new ``OrderedDict`` by default.
+
+    Returns:
+        The filled mapping.
+    """
+    out: Any = OrderedDict() if destination is None else destination
+    out["history"] = deepcopy(accountant.history)
+    out["mechanism"] = accountant.mechanism()
+    out["population"] = accountant.population
+    out["sensitivity"] = accountant.sensitivity
+    out["method"] = accountant.method
+    out["sample_size"] = accountant.sample_size
+    out["released"] = accountant.releases.state()
+    return out
+
+
+def load_state(accountant: ShuffleAccountantBase, state_dict: Mapping[str, Any]) -> None:
+    """Load ``state_dict`` into ``accountant`` (see :meth:`ShuffleAccountantBase.load_state_dict`).
+
+    Args:
+        accountant: The accountant.
+        state_dict: Output of ``state_dict()``.
+
+    Raises:
+        ValueError: on a missing key, a different mechanism, a malformed history, an invalid
+            entry or a configuration conflict (one line each).
+    """
+    if not isinstance(state_dict, Mapping) or not state_dict:
+        raise ValueError(
+            f"state_dict must be a non-empty mapping saved by {accountant.name}'s state_dict(). "
+            f"Found {type(state_dict).__name__}."
+        )
+    for key in ("history", "mechanism", "population", "sensitivity", "method"):
+        if key not in state_dict:
+            raise ValueError(
+                f"state_dict has no key {key!r}; it was not saved by {accountant.name}."
+            )
+    if state_dict["mechanism"] != accountant.mechanism():
+        raise ValueError(
+            f"state_dict of mechanism {state_dict['mechanism']!r} cannot be loaded into the "
+            f"{accountant.name} accountant."
+        )
+    history = read_history(state_dict["history"])
+    released = ReleaseRecord.from_state(state_dict.get("released", []))
+    fresh = type(accountant)()
+    if state_dict["population"] is not None:
+        fresh.configure(
+            population=state_dict["population"],
+            sensitivity=state_dict["sensitivity"],
+            method=state_dict["method"],
+            sample_size=state_dict.get("sample_size"),
+        )
+        if accountant.population is not None:
+            mine = (accountant.population, accountant.sensitivity, accountant.sample_size)
+            theirs = (fresh.population, fresh.sensitivity, fresh.sample_size)
+            if mine != theirs:
+                raise ValueError(
+                    f"checkpoint of the {accountant.name} accountant has (population, "
+                    f"sensitivity, sample_size) = {theirs}, but this accountant is "
+                    f"configured with {mine}."
+                )
+            if fresh.method != accountant.method:
+                raise ValueError(
+                    f"checkpoint of the {accountant.name} accountant was computed with "
+                    f"{_method_text(fresh.method)}, but this accountant is configured with "
+                    f"{_method_text(accountant.method)}; to switch, call configure(..., method="
+                    f"{fresh.method!r}) before loading."
+                )
+    elif accountant.population is not None:
+        fresh.configure(
+            population=accountant.population,
+            sensitivity=accountant.sensitivity,
+            method=accountant.method,
+            sample_size=accountant.sample_size,
+        )
+    for nm, rate, _ in history:
+        fresh._check_step(nm, rate)
+    if fresh.population is not None:
+        fresh._check_rates(history, fresh.population, fresh.sample_size)
+    rounds = sum(steps for _, _, steps in history)
+    if rounds < len(accountant):
+        warnings.warn(
+            f"the {accountant.name} accountant held {len(accountant)} rounds and the loaded state "
+            f"{rounds}: epsilon goes back to that state's, although the later rounds were "
+            f"released. Load an earlier state only to train again from it, with new rounds.",
+            HistoryRollbackWarning,
+            stacklevel=3,
+        )
+    accountant.history = history
+    # The record only grows: a round released before a rollback stays released.
+    accountant.releases.merge(released)
+    if fresh.population is not None:
+        accountant.population = fresh.population
+        accountant.sensitivity = fresh.sensitivity
+        accountant.method = fresh.method
+        accountant.sample_size = fresh.sample_size
