@@ -34,67 +34,33 @@ from typing import Any
 
 import torch
 from opacus import PrivacyEngine
-from opacus.data_loader import dtype_safe, shape_safe, wrap_collate_with_empty
 from opacus.grad_sample import AbstractGradSampleModule, prepare_module
 from opacus.validators import ModuleValidator
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from .accountants import ACCOUNTANTS, ShuffleAccountantBase
 from .accounting import calibrate_noise_multiplier
 from .analysis._validation import check_positive
 from .clipping import ClippedSumModule, FastGradientClipper
+from .loading import (
+    _first_example,
+    _population,
+    _private_loader,
+    _sampler,
+    new_sampler,
+)
 from .noise import NOISE_MODES, LocalNoiseDPOptimizer
+from .options import PrivacyOptions
 from .plan_checks import check_release_plan
-from .protocols import PROTOCOLS, Protocol, resolve_sensitivity
+from .protocols import Protocol, resolve_sensitivity
 from .sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler, ShuffleRoundSampler
-from .step_guard import StepGuard
 
-__all__ = ["PrivacyOptions", "make_private", "make_private_with_epsilon"]
+__all__ = ["PrivacyOptions", "make_private", "make_private_with_epsilon", "new_sampler"]
 
 #: Opacus's per-sample gradient modes, and ``fast``: the exact clipped sum of
 #: :class:`~shuffle_opacus.clipping.ClippedSumModule` (no per-sample gradients kept).
 _GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew", "fast")
-
-
-@dataclass(frozen=True)
-class PrivacyOptions:
-    """The options of :func:`make_private` besides the model, optimizer, loader and noise.
-
-    Attributes:
-        max_grad_norm: Clipping norm ``C`` of each client's gradient (> 0).
-        rounds: Number of rounds (required unless the loader has a shuffle sampler).
-        rate: Check-in probability (``shuffled_checkin``), in ``(0, 1]``.
-        sample_size: Clients per round (``subsampled_shuffle``), in ``[1, n - 1]``.
-        seed: Sampling seed (integer >= 0); ``None`` draws one (read ``loader.batch_sampler.seed``).
-        start_round: First round to produce, to resume a run (with the same seed).
-        sensitivity: ``"replace-one"`` (2, default), ``"paper"`` (1) or a number, in units of
-            ``C``; see :mod:`shuffle_opacus.protocols`.
-        method: Core analysis method; ``None`` (default) is pld, the tightest sound one, or the
-            protocol's Rényi bound where pld is beyond the work limits.
-        noise_mode: ``"sum"`` (one draw with std ``sigma C sqrt(B_t)``) or ``"per_client"``.
-        loss_reduction: ``"mean"`` or ``"sum"``, matching the training loss.
-        grad_sample_mode: Opacus per-sample gradient mode, ``hooks``, ``functorch`` or ``ew``, or
-            ``fast``: the exact clipped sum of :class:`~shuffle_opacus.clipping.ClippedSumModule`
-            computed during ``loss.backward()`` without keeping per-sample gradients (models of
-            ``Conv2d``, ``Linear`` and ``GroupNorm`` layers).
-        batch_first: Whether the batch dimension of inputs is the first one.
-        noise_generator: Torch generator for the noise (not in secure mode).
-    """
-
-    max_grad_norm: float
-    rounds: int | None = None
-    rate: float | None = None
-    sample_size: int | None = None
-    seed: int | None = None
-    start_round: int = 0
-    sensitivity: float | str = "replace-one"
-    method: str | None = None
-    noise_mode: str = "sum"
-    loss_reduction: str = "mean"
-    grad_sample_mode: str = "hooks"
-    batch_first: bool = True
-    noise_generator: torch.Generator | None = None
 
 
 @dataclass(frozen=True)
@@ -128,118 +94,6 @@ def _shuffle_accountant(engine: PrivacyEngine) -> ShuffleAccountantBase:
             f"(PrivacyEngine(accountant=...)). Found {found!r}."
         )
     return accountant
-
-
-def _population(data_loader: DataLoader) -> int:
-    if not isinstance(data_loader, DataLoader):
-        raise ValueError(f"data_loader must be a torch DataLoader. Found {type(data_loader)!r}.")
-    dataset = data_loader.dataset
-    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
-        raise ValueError(
-            "data_loader.dataset must be a map-style dataset with a length (one example per "
-            "client); iterable datasets have no population size."
-        )
-    n = len(dataset)  # type: ignore[arg-type]
-    if n < 1:
-        raise ValueError("data_loader.dataset must hold at least one example (client).")
-    return n
-
-
-def _first_example(data_loader: DataLoader, n: int) -> Any:
-    """Read example 0, which shapes the empty rounds' batches; a failure is one line."""
-    try:
-        return data_loader.dataset[0]
-    except Exception as exc:  # noqa: BLE001 - whatever the dataset raises becomes one line
-        text = str(exc).strip().splitlines()
-        detail = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-        raise ValueError(
-            f"data_loader.dataset[0] raised {detail}; a dataset of {n} clients must return an "
-            f"example for every index in [0, {n})."
-        ) from None
-
-
-def _existing_sampler(
-    spec: Protocol, name: str, sampler: ShuffleRoundSampler, n: int, options: PrivacyOptions
-) -> ShuffleRoundSampler:
-    if sampler.protocol != spec.name:
-        raise ValueError(
-            f"the {name} accountant needs the {spec.name} protocol ({spec.sampler}); "
-            f"data_loader samples with {type(sampler).__name__} (protocol {sampler.protocol})."
-        )
-    if sampler.n != n:
-        raise ValueError(
-            f"data_loader's sampler has n={sampler.n} but the dataset holds {n} examples."
-        )
-    given = {
-        "rounds": options.rounds,
-        "rate": options.rate,
-        "sample_size": options.sample_size,
-        "seed": options.seed,
-    }
-    actual = {
-        "rounds": sampler.rounds,
-        "rate": getattr(sampler, "rate", None),
-        "sample_size": getattr(sampler, "m", None),
-        "seed": sampler.seed,
-    }
-    for key, value in given.items():
-        if value is not None and value != actual[key]:
-            raise ValueError(
-                f"{key}={value!r} contradicts data_loader's sampler ({sampler!r}); pass one "
-                f"or the other."
-            )
-    if options.start_round:
-        raise ValueError("start_round applies to a sampler built here; set it on your sampler.")
-    if sampler.release_hook is not None:
-        raise ValueError(
-            f"data_loader's sampler ({sampler!r}) already feeds an accountant; build a new "
-            f"sampler (with a new seed, or start_round at its next_round) for this engine."
-        )
-    return sampler
-
-
-def _sampler(
-    spec: Protocol, name: str, data_loader: DataLoader, n: int, options: PrivacyOptions
-) -> ShuffleRoundSampler:
-    existing = data_loader.batch_sampler
-    if isinstance(existing, ShuffleRoundSampler):
-        return _existing_sampler(spec, name, existing, n, options)
-    return new_sampler(spec, name, n, options)
-
-
-def new_sampler(spec: Protocol, name: str, n: int, options: PrivacyOptions) -> ShuffleRoundSampler:
-    """Build the protocol's sampler over ``n`` clients from the options, after checking them.
-
-    Shared by :func:`make_private` (one example = one client) and
-    :func:`shuffle_opacus.clients.make_private_clients` (``n`` = number of clients).
-
-    Raises:
-        ValueError: for missing or out-of-range ``rounds``, ``rate``, ``sample_size``, ``seed``
-            or ``start_round``, naming the accountant to use where another one fits.
-    """
-    if options.rounds is None:
-        raise ValueError("rounds is required (an integer >= 1): the number of training rounds.")
-    size = options.sample_size
-    # Messages that name the accountant to use instead; the rest is the protocol's own check.
-    if spec.parameter is None and size is not None and size != n:
-        raise ValueError(
-            f"sample_size of the {name} accountant must equal the number of clients ({n}); use "
-            f"{PROTOCOLS['subsampled'].accountant} for fewer clients per round. Found {size!r}."
-        )
-    if spec.parameter == "sample_size" and size == n:
-        raise ValueError(
-            f"sample_size must be an integer in [1, {n - 1}] for {name}; with all {n} clients "
-            f"per round use the {PROTOCOLS['full'].accountant} accountant. Found {size!r}."
-        )
-    spec.sample_rate(population=n, rate=options.rate, sample_size=size)
-    return spec.make_sampler(
-        n,
-        rate=options.rate,
-        sample_size=size,
-        rounds=options.rounds,
-        seed=options.seed,
-        start_round=options.start_round,
-    )
 
 
 def _check_noise_generator(noise_generator: Any, device: torch.device) -> None:
@@ -355,52 +209,6 @@ def _prepare(
     )
     accountant.check_unreleased(sampler.seed, sampler.next_round, sampler.next_round + len(sampler))
     return _Plan(accountant, spec, sampler, n, sens, method, first)
-
-
-class PrivateDataLoader(DataLoader):
-    """A loader whose batches are the rounds of a shuffle sampler, each one told to a guard.
-
-    As it yields a round's batch it tells the accountant's
-    :class:`~shuffle_opacus.step_guard.StepGuard` that this round is now the current one, so
-    that the next ``optimizer.step()`` is checked against it (with worker processes the sampler
-    releases rounds ahead of the batches the loop sees).
-    """
-
-    _guard: StepGuard | None = None
-
-    def __iter__(self) -> Any:
-        """Yield the batches of the sampler's next rounds (see :class:`DataLoader`)."""
-        if self._guard is not None:
-            self._guard.use_loader()
-        for batch in super().__iter__():
-            if self._guard is not None:
-                self._guard.on_deliver()
-            yield batch
-
-
-def _private_loader(
-    data_loader: DataLoader, sampler: ShuffleRoundSampler, first: Any
-) -> PrivateDataLoader:
-    dataset = data_loader.dataset
-    if isinstance(first, (tuple, list)):
-        shapes = [(0, *shape_safe(x)) for x in first]
-        dtypes = [dtype_safe(x) for x in first]
-    else:
-        shapes, dtypes = None, None
-    collate = wrap_collate_with_empty(
-        collate_fn=data_loader.collate_fn, sample_empty_shapes=shapes, dtypes=dtypes
-    )
-    kwargs: dict[str, Any] = {
-        "num_workers": data_loader.num_workers,
-        "pin_memory": data_loader.pin_memory,
-        "timeout": data_loader.timeout,
-        "worker_init_fn": data_loader.worker_init_fn,
-    }
-    if data_loader.num_workers > 0:
-        kwargs["persistent_workers"] = data_loader.persistent_workers
-        kwargs["prefetch_factor"] = data_loader.prefetch_factor
-        kwargs["multiprocessing_context"] = data_loader.multiprocessing_context
-    return PrivateDataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **kwargs)
 
 
 def _make_private(

@@ -1,0 +1,178 @@
+"""The protocol's sampler over a dataset, and the private loader whose batches are its rounds.
+
+:func:`new_sampler` builds the sampler of a protocol from the options (shared by the example
+and the user level); :class:`PrivateDataLoader` yields one round per batch and tells the step
+guard (:mod:`shuffle_opacus.step_guard`) which round it has just delivered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opacus.data_loader import dtype_safe, shape_safe, wrap_collate_with_empty
+from torch.utils.data import DataLoader, IterableDataset
+
+from .options import PrivacyOptions
+from .protocols import PROTOCOLS, Protocol
+from .sampling import ShuffleRoundSampler
+from .step_guard import StepGuard
+
+__all__ = ["PrivateDataLoader", "new_sampler"]
+
+
+def _population(data_loader: DataLoader) -> int:
+    if not isinstance(data_loader, DataLoader):
+        raise ValueError(f"data_loader must be a torch DataLoader. Found {type(data_loader)!r}.")
+    dataset = data_loader.dataset
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        raise ValueError(
+            "data_loader.dataset must be a map-style dataset with a length (one example per "
+            "client); iterable datasets have no population size."
+        )
+    n = len(dataset)  # type: ignore[arg-type]
+    if n < 1:
+        raise ValueError("data_loader.dataset must hold at least one example (client).")
+    return n
+
+
+def _first_example(data_loader: DataLoader, n: int) -> Any:
+    """Read example 0, which shapes the empty rounds' batches; a failure is one line."""
+    try:
+        return data_loader.dataset[0]
+    except Exception as exc:  # noqa: BLE001 - whatever the dataset raises becomes one line
+        text = str(exc).strip().splitlines()
+        detail = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+        raise ValueError(
+            f"data_loader.dataset[0] raised {detail}; a dataset of {n} clients must return an "
+            f"example for every index in [0, {n})."
+        ) from None
+
+
+def _existing_sampler(
+    spec: Protocol, name: str, sampler: ShuffleRoundSampler, n: int, options: PrivacyOptions
+) -> ShuffleRoundSampler:
+    if sampler.protocol != spec.name:
+        raise ValueError(
+            f"the {name} accountant needs the {spec.name} protocol ({spec.sampler}); "
+            f"data_loader samples with {type(sampler).__name__} (protocol {sampler.protocol})."
+        )
+    if sampler.n != n:
+        raise ValueError(
+            f"data_loader's sampler has n={sampler.n} but the dataset holds {n} examples."
+        )
+    given = {
+        "rounds": options.rounds,
+        "rate": options.rate,
+        "sample_size": options.sample_size,
+        "seed": options.seed,
+    }
+    actual = {
+        "rounds": sampler.rounds,
+        "rate": getattr(sampler, "rate", None),
+        "sample_size": getattr(sampler, "m", None),
+        "seed": sampler.seed,
+    }
+    for key, value in given.items():
+        if value is not None and value != actual[key]:
+            raise ValueError(
+                f"{key}={value!r} contradicts data_loader's sampler ({sampler!r}); pass one "
+                f"or the other."
+            )
+    if options.start_round:
+        raise ValueError("start_round applies to a sampler built here; set it on your sampler.")
+    if sampler.release_hook is not None:
+        raise ValueError(
+            f"data_loader's sampler ({sampler!r}) already feeds an accountant; build a new "
+            f"sampler (with a new seed, or start_round at its next_round) for this engine."
+        )
+    return sampler
+
+
+def _sampler(
+    spec: Protocol, name: str, data_loader: DataLoader, n: int, options: PrivacyOptions
+) -> ShuffleRoundSampler:
+    existing = data_loader.batch_sampler
+    if isinstance(existing, ShuffleRoundSampler):
+        return _existing_sampler(spec, name, existing, n, options)
+    return new_sampler(spec, name, n, options)
+
+
+def new_sampler(spec: Protocol, name: str, n: int, options: PrivacyOptions) -> ShuffleRoundSampler:
+    """Build the protocol's sampler over ``n`` clients from the options, after checking them.
+
+    Shared by :func:`make_private` (one example = one client) and
+    :func:`shuffle_opacus.clients.make_private_clients` (``n`` = number of clients).
+
+    Raises:
+        ValueError: for missing or out-of-range ``rounds``, ``rate``, ``sample_size``, ``seed``
+            or ``start_round``, naming the accountant to use where another one fits.
+    """
+    if options.rounds is None:
+        raise ValueError("rounds is required (an integer >= 1): the number of training rounds.")
+    size = options.sample_size
+    # Messages that name the accountant to use instead; the rest is the protocol's own check.
+    if spec.parameter is None and size is not None and size != n:
+        raise ValueError(
+            f"sample_size of the {name} accountant must equal the number of clients ({n}); use "
+            f"{PROTOCOLS['subsampled'].accountant} for fewer clients per round. Found {size!r}."
+        )
+    if spec.parameter == "sample_size" and size == n:
+        raise ValueError(
+            f"sample_size must be an integer in [1, {n - 1}] for {name}; with all {n} clients "
+            f"per round use the {PROTOCOLS['full'].accountant} accountant. Found {size!r}."
+        )
+    spec.sample_rate(population=n, rate=options.rate, sample_size=size)
+    return spec.make_sampler(
+        n,
+        rate=options.rate,
+        sample_size=size,
+        rounds=options.rounds,
+        seed=options.seed,
+        start_round=options.start_round,
+    )
+
+
+class PrivateDataLoader(DataLoader):
+    """A loader whose batches are the rounds of a shuffle sampler, each one told to a guard.
+
+    As it yields a round's batch it tells the accountant's
+    :class:`~shuffle_opacus.step_guard.StepGuard` that this round is now the current one, so
+    that the next ``optimizer.step()`` is checked against it (with worker processes the sampler
+    releases rounds ahead of the batches the loop sees).
+    """
+
+    _guard: StepGuard | None = None
+
+    def __iter__(self) -> Any:
+        """Yield the batches of the sampler's next rounds (see :class:`DataLoader`)."""
+        if self._guard is not None:
+            self._guard.use_loader()
+        for batch in super().__iter__():
+            if self._guard is not None:
+                self._guard.on_deliver()
+            yield batch
+
+
+def _private_loader(
+    data_loader: DataLoader, sampler: ShuffleRoundSampler, first: Any
+) -> PrivateDataLoader:
+    dataset = data_loader.dataset
+    if isinstance(first, (tuple, list)):
+        shapes = [(0, *shape_safe(x)) for x in first]
+        dtypes = [dtype_safe(x) for x in first]
+    else:
+        shapes, dtypes = None, None
+    collate = wrap_collate_with_empty(
+        collate_fn=data_loader.collate_fn, sample_empty_shapes=shapes, dtypes=dtypes
+    )
+    kwargs: dict[str, Any] = {
+        "num_workers": data_loader.num_workers,
+        "pin_memory": data_loader.pin_memory,
+        "timeout": data_loader.timeout,
+        "worker_init_fn": data_loader.worker_init_fn,
+    }
+    if data_loader.num_workers > 0:
+        kwargs["persistent_workers"] = data_loader.persistent_workers
+        kwargs["prefetch_factor"] = data_loader.prefetch_factor
+        kwargs["multiprocessing_context"] = data_loader.multiprocessing_context
+    return PrivateDataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **kwargs)
