@@ -251,9 +251,9 @@ def make_private_clients(
     The protocol follows ``engine.accountant`` as in :func:`shuffle_opacus.make_private`
     (``shuffled_checkin`` needs ``rate``, ``subsampled_shuffle`` needs ``sample_size``,
     ``shuffle`` uses all clients), with ``n`` the **number of clients** of ``partition``. The
-    accountant is configured with that population. See the module docstring for the round, the
-    privacy statement and the units. Everything is checked first; after a ``ValueError`` the
-    module, the optimizer and the accountant are as they were.
+    accountant is configured with that population. See :mod:`shuffle_opacus.federated` for the
+    round, the privacy statement and the units. Everything is checked first; after a
+    ``ValueError`` the module, the optimizer and the accountant are as they were.
 
     Args:
         engine: A ``PrivacyEngine(accountant=...)`` with a shuffle accountant.
