@@ -263,6 +263,13 @@ def _make_private(
         )
         sampled.forbid_grad_accumulation()
         wrapped = sampled
+        # torch warns at every backward that a full backward hook fires for a module whose
+        # inputs need no gradient (the data); Opacus's per-sample hooks still see every layer.
+        warnings.filterwarnings(
+            "ignore",
+            message="Full backward hook is firing when gradients are computed with respect",
+            category=UserWarning,
+        )
     dp_optimizer = LocalNoiseDPOptimizer(
         optimizer,
         noise_multiplier=noise_multiplier,

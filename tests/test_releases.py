@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import pickle
+import warnings
 
 import hypothesis.strategies as st
 import pytest
@@ -363,3 +364,13 @@ def test_a_directly_assigned_history_of_too_many_rounds_is_one_line():
         len(engine.accountant)
     with pytest.raises(ValueError, match=r"history\[0\] steps must be an integer"):
         engine.accountant.get_epsilon(1e-5)
+
+
+def test_the_opacus_loop_does_not_print_torchs_full_backward_hook_warning():
+    """The warning fires at every backward for inputs without gradients; it is filtered."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine, net, opt, private_loader = private("shuffled_checkin", rounds=2)
+        for x, y in private_loader:
+            step(net, opt, x, y)
+    assert not [w for w in caught if "Full backward hook" in str(w.message)]
