@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from shuffle_experiments import runner
+from shuffle_experiments import checkpoint, runner
 from shuffle_experiments.cli import main
 from shuffle_experiments.config import ConfigError, load_config
 from shuffle_experiments.data import load_mnist
@@ -190,6 +190,7 @@ def test_inconsistent_checkpoint_is_one_line(stopped, edit, message):
     path = stopped / "checkpoint.pt"
     state = torch.load(path, weights_only=True)
     edit(state)
+    state["checksum"] = checkpoint.checksum(state)  # edited with its checksum: a consistent file
     torch.save(state, path)
     assert message in resume_error(stopped)
 
@@ -215,6 +216,7 @@ def test_resume_refuses_an_accountant_the_config_contradicts_before_writing(stop
     (stopped / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     state = torch.load(stopped / "checkpoint.pt", weights_only=True)
     state["config"]["privacy"]["noise_multiplier"] = raw["privacy"]["noise_multiplier"]
+    state["checksum"] = checkpoint.checksum(state)
     torch.save(state, stopped / "checkpoint.pt")
     before = _snapshot(stopped)
     message = resume_error(stopped)
@@ -252,7 +254,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_temporary(tmp
     tmp = tmp_path / "checkpoint.pt.tmp"
     tmp.symlink_to("/dev/full")  # every write to it fails with ENOSPC, as on a full disk
     with pytest.raises(OSError, match=r"cannot write .*checkpoint.pt \(No space left on dev"):
-        runner._atomic_save({"weights": torch.zeros(4096)}, path)
+        checkpoint.save_checkpoint({"weights": torch.zeros(4096)}, path)
     assert path.read_bytes() == b"the previous checkpoint"
     assert not tmp.exists() and not tmp.is_symlink()
 
@@ -403,17 +405,19 @@ def test_a_checkpoint_without_checksum_loads_with_a_warning_and_its_epsilons_are
     # What the previous version wrote: layout 2, no checksum, no digest of the epsilon columns.
     path = stopped / "checkpoint.pt"
     state = torch.load(path, weights_only=True)
-    for key in ("checksum", "metrics_sha256"):
-        state.pop(key, None)
+    for key in ("checksum", "epsilon_sha256"):
+        state.pop(key)
     state["format"] = 2
     torch.save(state, path)
     _set_eps(stopped, "eps_exact", {1: _halve})
-    said = _resume_one_round(stopped)
+    said: list[str] = []
+    runner.resume(stopped, progress=False, echo=said.append, stop_after=8)  # a checkpoint at 8
     assert any(f"checkpoint {path} has no checksum" in s for s in said), said
     assert any("eps_exact of rounds 1 " in s for s in said), said
-    assert rows(stopped) == rows(reference)[:5]
+    assert rows(stopped) == rows(reference)[:8]
     written = torch.load(path, weights_only=True)
-    assert written["format"] == runner.CHECKPOINT_FORMAT and "checksum" in written
+    assert written["round"] == 8 and written["format"] == runner.CHECKPOINT_FORMAT
+    assert written["checksum"] == checkpoint.checksum(written)
 
 
 def _full_disk(monkeypatch, *names: str, error: int = errno.ENOSPC) -> None:
@@ -547,7 +551,7 @@ else:
         with tmp.open("r+b") as fh:
             fh.truncate(tmp.stat().st_size // 2)
         die()
-    runner._atomic_save = save
+    runner.save_checkpoint = save
 runner.resume(run_dir, progress=False, echo=lambda _: None)
 """
 
