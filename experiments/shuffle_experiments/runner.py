@@ -25,14 +25,17 @@ newest run):
     :mod:`shuffle_experiments.curves`). Nothing in it depends on timing, so a resumed run writes the
     same file as an uninterrupted one.
 ``checkpoint.pt``
-    Model, optimizer, accountant, noise-generator and torch RNG state, the round number and a
-    copy of the config, written every ``training.checkpoint_every`` rounds, at the end, and on
-    Ctrl-C (the round under way finishes first; a second Ctrl-C stops at once and leaves the
-    last checkpoint). Tensors and plain containers only: it is read back with
-    ``torch.load(weights_only=True)`` (:func:`load_checkpoint`), written to a temporary file
-    and renamed into place.
+    Model, optimizer, accountant, noise-generator and torch RNG state, the round number, a
+    copy of the config, the digest of the epsilon columns so far and a SHA-256 checksum of it
+    all, written every ``training.checkpoint_every`` rounds, at the end, and on Ctrl-C (the
+    round under way finishes first; a second Ctrl-C stops at once and leaves the last
+    checkpoint). Tensors and plain containers only: it is read back with
+    ``torch.load(weights_only=True)`` and its checksum verified (:mod:`.checkpoint`), written
+    to a temporary file and renamed into place.
 ``summary.json``
-    Final accuracy and epsilons, rounds, wall time and seconds per round.
+    Final accuracy and epsilons, rounds, wall time and seconds per round. ``--resume`` of a
+    finished run, or ``shuffle-experiment plot``, writes it and the plots again from the
+    checkpoint and ``metrics.csv`` without training (:func:`redraw`).
 ``accuracy_vs_epsilon.png/.csv``, ``epsilon_vs_rounds.png/.csv``
     The plots of :mod:`shuffle_experiments.plots` and the data they show.
 
@@ -44,17 +47,22 @@ that of an uninterrupted run, also after SIGKILL at any moment (tested).
 
 Check, then write. A session takes an exclusive lock on the run directory first (a second
 ``--resume`` of the same directory is refused in one line), and every consistency check runs
-before anything is written: the checkpoint's accountant must hold exactly the rounds that
-``config.yaml`` implies (the epsilon curves are computed from the config, so the curves on disk
-can never disagree with the accountant), and ``metrics.csv`` must describe rounds
-``1 .. checkpoint round``. Rows of those rounds that are missing, cut short or unreadable are
-rebuilt from the checkpoint (round, participants and epsilon are functions of the seed and the
-config; the lost losses and accuracies stay empty), and the repair is announced in one line; a
-file that cannot be interpreted (another header, a round that is not an integer, a round twice)
-is refused in one line. At the end the accountant's epsilon is compared with the ``exact``
-curve before ``summary.json`` and the plots are written. Stale temporary files of an earlier
-session are removed; a checkpoint that cannot be written (a full disk) leaves no temporary file
-and raises :class:`RunFileError` naming the file and the cause, the previous checkpoint intact.
+before anything is written: the checkpoint must pass its checksum, its accountant must hold
+exactly the rounds that ``config.yaml`` implies (the epsilon curves are computed from the
+config), and ``metrics.csv`` must describe rounds ``1 .. checkpoint round``. Rows of those
+rounds that are missing, cut short or unreadable are rebuilt from the checkpoint (round,
+participants and epsilon are functions of the seed and the config; the lost losses and
+accuracies stay empty), and the repair is announced in one line; a file that cannot be
+interpreted (another header, a round that is not an integer, a round twice) is refused in one
+line. The epsilon columns of those rows are then checked against the accountant's history: the
+checkpoint holds the digest of the columns as training wrote them, so an intact file costs no
+recomputation, and an edited one has every row recomputed and the values that differ replaced,
+one line per column naming the rounds (:func:`_checked_epsilons`). At the end the accountant's
+epsilon is compared with the curve of its method before ``summary.json`` and the plots are
+written. Stale temporary files of an earlier session are removed. A file that cannot be written
+(a full disk, a file-size limit) raises :class:`RunFileError`, one line naming the file and the
+cause (:mod:`.files`); whole files are replaced through a temporary file, so none is left half
+written and a checkpoint that cannot be written leaves the previous one intact.
 """
 
 from __future__ import annotations
@@ -274,15 +282,23 @@ def _point_latest_at(run_dir: Path) -> None:
     reader always finds either the previous run or this one, never a missing or partial link;
     it is called once the run directory holds its config. A ``latest`` that is not a symlink
     (a user's own file or directory) is left alone.
+
+    Raises:
+        RunFileError: one line naming ``latest``, if the link cannot be made.
     """
     latest = run_dir.parent / "latest"
     if latest.exists() and not latest.is_symlink():
         return
     tmp = run_dir.parent / f".latest-{os.getpid()}-{threading.get_ident()}"
-    if tmp.is_symlink():
-        tmp.unlink()
-    tmp.symlink_to(run_dir.name)
-    os.replace(tmp, latest)
+    try:
+        if tmp.is_symlink():
+            tmp.unlink()
+        tmp.symlink_to(run_dir.name)
+        os.replace(tmp, latest)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise RunFileError(f"cannot point {latest} at {run_dir.name} ({_cause(exc)})") from None
 
 
 def _metric_columns(config: ExperimentConfig) -> list[str]:
