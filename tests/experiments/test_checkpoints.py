@@ -387,6 +387,24 @@ def _flip_a_weight_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def test_the_checksum_covers_every_entry_and_its_type(stopped):
+    state = torch.load(stopped / "checkpoint.pt", weights_only=True)
+    assert state["checksum"] == checkpoint.checksum(state)
+    seen = {checkpoint.checksum(state)}
+    for key in [k for k in state if k != "checksum"]:
+        edited = dict(state)
+        edited[key] = [edited[key]]  # the same value, wrapped: another content
+        seen.add(checkpoint.checksum(edited))
+    noise = state["noise_generator"].clone()
+    noise[-1] ^= 1
+    seen.add(checkpoint.checksum({**state, "noise_generator": noise}))
+    for value in (1, 1.0, True, "1", b"1", None, [1], (1,), {1: 1}, {"1": 1}):
+        seen.add(checkpoint.checksum({**state, "round": value}))
+    assert len(seen) == 1 + (len(state) - 1) + 1 + 10
+    # Independent of the entries' order (a dict read back keeps the order it was written in).
+    assert checkpoint.checksum(dict(reversed(state.items()))) == state["checksum"]
+
+
 def test_a_flipped_byte_in_a_weight_is_refused_in_one_line(stopped, capsys):
     path = stopped / "checkpoint.pt"
     _flip_a_weight_byte(path)
