@@ -55,8 +55,8 @@ participants and epsilon are functions of the seed and the config; the lost loss
 accuracies stay empty), and the repair is announced in one line; a file that cannot be
 interpreted (another header, a round that is not an integer, a round twice) is refused in one
 line. The epsilon columns of those rows are then checked against the accountant's history: the
-checkpoint holds the digest of the columns as training wrote them, so an intact file costs no
-recomputation, and an edited one has every row recomputed and the values that differ replaced,
+checkpoint holds the digest of the columns as training wrote them, so an intact file costs one
+recomputed row, and an edited one has every row recomputed and the values that differ replaced,
 one line per column naming the rounds (:func:`_checked_epsilons`). At the end the accountant's
 epsilon is compared with the curve of its method before ``summary.json`` and the plots are
 written. Stale temporary files of an earlier session are removed. A file that cannot be written
@@ -721,25 +721,36 @@ def _checked_epsilons(
 
     Epsilon after round ``t`` is a function of the history, which :func:`_check_history` has
     found to be the config's, so it is what the curves compute for ``t``, exactly as training
-    writes it. The digest of the rows' epsilon columns is compared with ``expected``, the one
-    the checkpoint stores: when they agree, nothing is recomputed. Otherwise (an edited file, or
-    a layout 2 checkpoint without a digest) every row's epsilons are recomputed and those that
-    differ are replaced in ``rows``, with one line per column naming the file and the rounds.
-    Nothing is written here.
+    writes it. When the digest of the rows' epsilon columns is ``expected`` (the one the
+    checkpoint stores) and the last row recomputes to what it holds (so the accounting has not
+    changed since), nothing else is recomputed. Otherwise (an edited file, or a layout 2
+    checkpoint without a digest) every row's epsilons are recomputed and those that differ are
+    replaced in ``rows``, with one line per column naming the file and the rounds. Nothing is
+    written here.
 
     Returns:
         The SHA-256 object of the rows' :func:`_epsilon_record`, for the rounds that follow.
     """
     names = session.curves.names
-    digest = hashlib.sha256()
-    for row in rows:
-        digest.update(_epsilon_record(row, names))
-    if digest.hexdigest() == expected:
+
+    def computed(t: int) -> dict[str, str]:
+        values = session.curves.row(t, sparse=_evaluated(session.config, t))
+        return {f"eps_{name}": _fmt(value) for name, value in values.items()}
+
+    def digest_of(table: list[dict[str, str]]) -> Any:
+        digest = hashlib.sha256()
+        for row in table:
+            digest.update(_epsilon_record(row, names))
         return digest
+
+    digest = digest_of(rows)
+    if digest.hexdigest() == expected and rows:
+        last = computed(len(rows))
+        if all(rows[-1][column] == text for column, text in last.items()):
+            return digest
     wrong: dict[str, list[int]] = {}
     for t, row in enumerate(rows, start=1):
-        for name, value in session.curves.row(t, sparse=_evaluated(session.config, t)).items():
-            column, text = f"eps_{name}", _fmt(value)
+        for column, text in computed(t).items():
             if row[column] != text:
                 row[column] = text
                 wrong.setdefault(column, []).append(t)
@@ -748,10 +759,7 @@ def _checked_epsilons(
             f"{path}: {column} of rounds {_ranges(numbers)} did not match the accountant's "
             f"history; recomputed"
         )
-    digest = hashlib.sha256()
-    for row in rows:
-        digest.update(_epsilon_record(row, names))
-    return digest
+    return digest_of(rows)
 
 
 def _ranges(numbers: Sequence[int]) -> str:

@@ -373,8 +373,23 @@ def test_resume_recomputes_no_epsilon_of_an_intact_file(stopped, monkeypatch):
 
     monkeypatch.setattr(EpsilonCurves, "row", counted)
     said = _resume_one_round(stopped)
-    # Round 5 only (its row, and the result at the stop): rounds 1-4 are not recomputed.
-    assert set(asked) == {5} and not any("eps_" in s for s in said), (asked, said)
+    # Round 4 (the checkpoint's, whose row is checked against the accounting as it is now) and
+    # round 5 (its row, and the result at the stop): rounds 1-3 are not recomputed.
+    assert set(asked) == {4, 5} and not any("eps_" in s for s in said), (asked, said)
+
+
+def test_epsilons_are_recomputed_when_the_accounting_changed(stopped, reference, monkeypatch):
+    # The file is as the checkpoint says, but the code now computes other numbers (a fix of the
+    # accounting between two sessions): the rows up to the checkpoint follow the new code.
+    from shuffle_experiments.curves import EpsilonCurves
+
+    epsilon = EpsilonCurves.epsilon
+    monkeypatch.setattr(EpsilonCurves, "epsilon", lambda self, n, t: 0.5 * epsilon(self, n, t))
+    said = _resume_one_round(stopped)
+    assert any("eps_exact of rounds 1-4 did not match" in s for s in said), said
+    got, want = rows(stopped), rows(reference)[:5]
+    assert [float(r["eps_exact"]) for r in got] == [0.5 * float(r["eps_exact"]) for r in want]
+    assert [r["train_loss"] for r in got] == [r["train_loss"] for r in want]
 
 
 def _flip_a_weight_byte(path: Path) -> None:
