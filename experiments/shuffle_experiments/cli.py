@@ -2,11 +2,13 @@
 
 ``shuffle-experiment train --config FILE`` runs the MNIST experiment of Liew & Takahashi (one
 image per client, the config's protocol, local noise, an epsilon curve per accountant);
-``train --resume RUN_DIR`` continues an interrupted run; ``plot RUN_DIR`` redraws a run's
-figures; ``sweep SWEEP_FILE`` runs short trials over config overrides (:mod:`.sweep`);
-``table1`` and ``pld-figures`` redraw the published tables and figures into ``docs/figures``.
-Errors, a file that cannot be written included, are reported on one line
-(``shuffle-experiment: error: ...``) with exit status 2;
+``train --resume RUN_DIR`` continues an interrupted run (a finished one gets its summary.json
+and plots written again); ``plot RUN_DIR`` redraws a run's figures, and a finished run's
+summary.json, from its checkpoint and metrics.csv without training; ``sweep SWEEP_FILE`` runs
+short trials over config overrides (:mod:`.sweep`); ``table1`` and ``pld-figures`` redraw the
+published tables and figures into ``docs/figures``. Errors, a file that cannot be written
+included (named, with the cause), are reported on one line (``shuffle-experiment: error:
+...``) with exit status 2;
 Ctrl-C during training saves a checkpoint and exits with status 130.
 """
 
@@ -54,13 +56,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a config value, e.g. --set training.rounds=100 (repeatable)",
     )
     train.add_argument(
-        "--resume", metavar="RUN_DIR", help="continue an interrupted run from its checkpoint"
+        "--resume",
+        metavar="RUN_DIR",
+        help=(
+            "continue an interrupted run from its checkpoint (a finished run: write its "
+            "summary.json and plots again)"
+        ),
     )
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     plot = sub.add_parser(
         "plot",
         help="redraw a run's accuracy-vs-epsilon and epsilon-vs-rounds plots",
-        description="Redraw the plots (PNG plus the plotted data as CSV) into RUN_DIR.",
+        description=(
+            "Redraw the plots (PNG plus the plotted data as CSV) into RUN_DIR. A finished run "
+            "also gets its summary.json written again, from its checkpoint and metrics.csv "
+            "(both checked, and the epsilon columns repaired, first); nothing is trained."
+        ),
     )
     plot.add_argument("run_dir", metavar="RUN_DIR", help="a run directory of train")
     sweep = sub.add_parser(
@@ -115,9 +126,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from .plots import plot_run
+    from .runner import redraw
 
-    for path in plot_run(args.run_dir):
+    for path in redraw(args.run_dir):
         print(path)
     return 0
 

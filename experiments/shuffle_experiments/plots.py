@@ -7,12 +7,15 @@
   style).
 
 Each PNG comes with a CSV of exactly the plotted points. The epsilon axis is logarithmic: the
-accountants differ by orders of magnitude.
+accountants differ by orders of magnitude. Each file is written through a temporary file and a
+rename (:func:`~shuffle_experiments.files.write_file`): one that cannot be written is one line
+naming it, and no half-written figure is left behind.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .config import ConfigError, load_config  # noqa: E402
 from .curves import curve_label  # noqa: E402
+from .files import PLOT_STEMS, write_file  # noqa: E402
 
 __all__ = ["plot_run"]
 
@@ -55,19 +59,28 @@ def _read(run_dir: Path) -> tuple[list[str], list[dict[str, str]]]:
 def _save(
     fig: Any, ax: Any, stem: Path, title: str, columns: list[str], rows: list[dict[str, str]]
 ) -> list[Path]:
-    """Finish and write one figure as ``stem.png``, with ``columns`` of ``rows`` as ``stem.csv``."""
+    """Finish and write one figure as ``stem.png``, with ``columns`` of ``rows`` as ``stem.csv``.
+
+    Raises:
+        RunFileError: naming the file that cannot be written.
+    """
     csv_path, png_path = stem.with_suffix(".csv"), stem.with_suffix(".png")
-    with csv_path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(columns)
-        writer.writerows([r[c] for c in columns] for r in rows)
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(columns)
+    writer.writerows([r[c] for c in columns] for r in rows)
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     # Beside the axes, never over the curves.
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    plt.close(fig)
+    png = io.BytesIO()
+    try:
+        fig.savefig(png, format="png", dpi=120)
+    finally:
+        plt.close(fig)
+    write_file(csv_path, text.getvalue())
+    write_file(png_path, png.getvalue())
     return [csv_path, png_path]
 
 
@@ -82,6 +95,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
 
     Raises:
         ConfigError: if the directory has no metrics or no config.
+        RunFileError: naming a file that cannot be written (a full disk).
     """
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
@@ -111,7 +125,8 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     ax.set_ylabel("test accuracy (%)")
     title = f"{config.name}: accuracy vs privacy\n{setting}"
     columns = ["round", "test_accuracy", *eps_columns]
-    written = _save(fig, ax, run_dir / "accuracy_vs_epsilon", title, columns, evals)
+    accuracy_stem, rounds_stem = PLOT_STEMS
+    written = _save(fig, ax, run_dir / accuracy_stem, title, columns, evals)
 
     fig, ax = plt.subplots(figsize=(9.0, 4.4))
     for name in names:
@@ -125,5 +140,5 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     ax.set_xlabel("rounds")
     ax.set_ylabel(f"epsilon (delta = {delta:g})")
     title = f"{config.name}: privacy spent\n{setting}"
-    written += _save(fig, ax, run_dir / "epsilon_vs_rounds", title, ["round", *eps_columns], rows)
+    written += _save(fig, ax, run_dir / rounds_stem, title, ["round", *eps_columns], rows)
     return written

@@ -25,14 +25,17 @@ newest run):
     :mod:`shuffle_experiments.curves`). Nothing in it depends on timing, so a resumed run writes the
     same file as an uninterrupted one.
 ``checkpoint.pt``
-    Model, optimizer, accountant, noise-generator and torch RNG state, the round number and a
-    copy of the config, written every ``training.checkpoint_every`` rounds, at the end, and on
-    Ctrl-C (the round under way finishes first; a second Ctrl-C stops at once and leaves the
-    last checkpoint). Tensors and plain containers only: it is read back with
-    ``torch.load(weights_only=True)`` (:func:`load_checkpoint`), written to a temporary file
-    and renamed into place.
+    Model, optimizer, accountant, noise-generator and torch RNG state, the round number, a
+    copy of the config, the digest of the epsilon columns so far and a SHA-256 checksum of it
+    all, written every ``training.checkpoint_every`` rounds, at the end, and on Ctrl-C (the
+    round under way finishes first; a second Ctrl-C stops at once and leaves the last
+    checkpoint). Tensors and plain containers only: it is read back with
+    ``torch.load(weights_only=True)`` and its checksum verified (:mod:`.checkpoint`), written
+    to a temporary file and renamed into place.
 ``summary.json``
-    Final accuracy and epsilons, rounds, wall time and seconds per round.
+    Final accuracy and epsilons, rounds, wall time and seconds per round. ``--resume`` of a
+    finished run, or ``shuffle-experiment plot``, writes it and the plots again from the
+    checkpoint and ``metrics.csv`` without training (:func:`redraw`).
 ``accuracy_vs_epsilon.png/.csv``, ``epsilon_vs_rounds.png/.csv``
     The plots of :mod:`shuffle_experiments.plots` and the data they show.
 
@@ -44,17 +47,22 @@ that of an uninterrupted run, also after SIGKILL at any moment (tested).
 
 Check, then write. A session takes an exclusive lock on the run directory first (a second
 ``--resume`` of the same directory is refused in one line), and every consistency check runs
-before anything is written: the checkpoint's accountant must hold exactly the rounds that
-``config.yaml`` implies (the epsilon curves are computed from the config, so the curves on disk
-can never disagree with the accountant), and ``metrics.csv`` must describe rounds
-``1 .. checkpoint round``. Rows of those rounds that are missing, cut short or unreadable are
-rebuilt from the checkpoint (round, participants and epsilon are functions of the seed and the
-config; the lost losses and accuracies stay empty), and the repair is announced in one line; a
-file that cannot be interpreted (another header, a round that is not an integer, a round twice)
-is refused in one line. At the end the accountant's epsilon is compared with the ``exact``
-curve before ``summary.json`` and the plots are written. Stale temporary files of an earlier
-session are removed; a checkpoint that cannot be written (a full disk) leaves no temporary file
-and raises :class:`RunFileError` naming the file and the cause, the previous checkpoint intact.
+before anything is written: the checkpoint must pass its checksum, its accountant must hold
+exactly the rounds that ``config.yaml`` implies (the epsilon curves are computed from the
+config), and ``metrics.csv`` must describe rounds ``1 .. checkpoint round``. Rows of those
+rounds that are missing, cut short or unreadable are rebuilt from the checkpoint (round,
+participants and epsilon are functions of the seed and the config; the lost losses and
+accuracies stay empty), and the repair is announced in one line; a file that cannot be
+interpreted (another header, a round that is not an integer, a round twice) is refused in one
+line. The epsilon columns of those rows are then checked against the accountant's history: the
+checkpoint holds the digest of the columns as training wrote them, so an intact file costs one
+recomputed row, and an edited one has every row recomputed and the values that differ replaced,
+one line per column naming the rounds (:func:`_checked_epsilons`). At the end the accountant's
+epsilon is compared with the curve of its method before ``summary.json`` and the plots are
+written. Stale temporary files of an earlier session are removed. A file that cannot be written
+(a full disk, a file-size limit) raises :class:`RunFileError`, one line naming the file and the
+cause (:mod:`.files`); whole files are replaced through a temporary file, so none is left half
+written and a checkpoint that cannot be written leaves the previous one intact.
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ import contextlib
 import copy
 import csv
 import functools
+import hashlib
 import io
 import json
 import math
@@ -97,9 +106,21 @@ from shuffle_opacus.clients import (
 )
 from shuffle_opacus.protocols import sensitivity_assumptions, sensitivity_label
 
+from .checkpoint import CHECKPOINT_FORMAT, comparable, load_checkpoint, save_checkpoint
 from .config import ClientsConfig, ConfigError, ExperimentConfig, load_config, validate
-from .curves import REPLACE_ONE, SPARSE_CURVES, EpsilonCurves, curve_label, curve_list
+from .curves import REPLACE_ONE, EpsilonCurves, curve_label, curve_list
 from .data import load_mnist
+from .files import (
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    METRICS_FILE,
+    PLOT_FILES,
+    SUMMARY_FILE,
+    AppendedFile,
+    RunFileError,
+    write_file,
+)
+from .files import cause as _cause
 from .models import build_model
 
 __all__ = [
@@ -107,25 +128,18 @@ __all__ = [
     "RunResult",
     "run",
     "resume",
+    "redraw",
     "new_run_dir",
     "load_checkpoint",
+    "CHECKPOINT_FORMAT",
     "METRICS_FILE",
     "CHECKPOINT_FILE",
 ]
-
-METRICS_FILE = "metrics.csv"
-CHECKPOINT_FILE = "checkpoint.pt"
-CONFIG_FILE = "config.yaml"
-SUMMARY_FILE = "summary.json"
 
 #: Mean and standard deviation of MNIST training pixels in [0, 1], used to standardise inputs.
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 _EVAL_BATCH = 2000
-
-
-class RunFileError(OSError):
-    """A file of the run cannot be written; the message is one line naming it and the cause."""
 
 
 @dataclass
@@ -213,14 +227,6 @@ def new_run_dir(config: ExperimentConfig) -> Path:
             ) from None
 
 
-def _cause(exc: BaseException) -> str:
-    """Return the cause of a failure in words: the OS message, else the first line."""
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 def _make_dir(path: Path, what: str) -> None:
     """Create a directory (and its parents); a failure is one ConfigError line naming ``what``."""
     try:
@@ -264,7 +270,7 @@ def _run_lock(run_dir: Path) -> Iterator[None]:
 
 def _remove_stale_temporaries(run_dir: Path) -> None:
     """Remove the temporary files a killed session may have left (the lock is held)."""
-    for name in (CHECKPOINT_FILE, METRICS_FILE, CONFIG_FILE):
+    for name in (CHECKPOINT_FILE, METRICS_FILE, CONFIG_FILE, SUMMARY_FILE, *PLOT_FILES):
         with contextlib.suppress(FileNotFoundError):
             (run_dir / f"{name}.tmp").unlink()
 
@@ -276,15 +282,23 @@ def _point_latest_at(run_dir: Path) -> None:
     reader always finds either the previous run or this one, never a missing or partial link;
     it is called once the run directory holds its config. A ``latest`` that is not a symlink
     (a user's own file or directory) is left alone.
+
+    Raises:
+        RunFileError: one line naming ``latest``, if the link cannot be made.
     """
     latest = run_dir.parent / "latest"
     if latest.exists() and not latest.is_symlink():
         return
     tmp = run_dir.parent / f".latest-{os.getpid()}-{threading.get_ident()}"
-    if tmp.is_symlink():
-        tmp.unlink()
-    tmp.symlink_to(run_dir.name)
-    os.replace(tmp, latest)
+    try:
+        if tmp.is_symlink():
+            tmp.unlink()
+        tmp.symlink_to(run_dir.name)
+        os.replace(tmp, latest)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise RunFileError(f"cannot point {latest} at {run_dir.name} ({_cause(exc)})") from None
 
 
 def _metric_columns(config: ExperimentConfig) -> list[str]:
@@ -380,127 +394,8 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float,
     return loss / x.shape[0], correct / x.shape[0]
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    """Write ``obj`` with ``torch.save`` to a temporary file, then rename it onto ``path``.
-
-    The object is serialised in memory first, so that a failing write (a full disk) is an
-    ``OSError`` with its cause rather than an error of torch's zip writer.
-
-    Raises:
-        RunFileError: naming ``path`` and the cause; the temporary file is removed and the
-            previous ``path`` is left as it was.
-    """
-    tmp = path.with_name(path.name + ".tmp")
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    try:
-        with tmp.open("wb") as fh:
-            fh.write(buffer.getbuffer())
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise RunFileError(
-            f"cannot write {path} ({_cause(exc)}); the previous checkpoint is unchanged"
-        ) from None
-
-
-#: Version of the checkpoint layout written by :meth:`_Session.state`.
-CHECKPOINT_FORMAT = 2
-#: Config fields that may differ between a checkpoint and the run's config.yaml: where the run
-#: executes, not what it computes.
-_PLACEMENT_FIELDS = ("device", "threads")
-_CHECKPOINT_KEYS = {
-    "format": int,
-    "config": dict,
-    "round": int,
-    "model": dict,
-    "average": (dict, type(None)),
-    "optimizer": dict,
-    "accountant": dict,
-    "noise_generator": torch.Tensor,
-    "torch_rng": torch.Tensor,
-    "cuda_rng": (list, type(None)),
-    "seconds": float,
-    "participants": int,
-}
-
-
-def _comparable(config: ExperimentConfig) -> dict[str, Any]:
-    """Return the config as plain data without the placement fields (``_PLACEMENT_FIELDS``)."""
-    out = config.model_dump(mode="json")
-    for name in _PLACEMENT_FIELDS:
-        out["training"].pop(name, None)
-    return out
-
-
-def load_checkpoint(path: Path, config: ExperimentConfig) -> dict[str, Any]:
-    """Read a checkpoint safely and check that it belongs to ``config``.
-
-    The file is read with ``torch.load(weights_only=True)``: only tensors and plain containers
-    (dicts, lists, tuples, numbers, strings, None) are accepted, so a checkpoint from an
-    untrusted source cannot run code when it is loaded. Its layout, its round and its copy of
-    the config (all fields but ``training.device`` and ``training.threads``) are checked against
-    ``config``, the run's ``config.yaml``.
-
-    Args:
-        path: The ``checkpoint.pt`` file.
-        config: The run's config.
-
-    Returns:
-        The checkpoint's state.
-
-    Raises:
-        ConfigError: one line naming the file, for a file that is truncated, corrupted, holds
-            other objects, has another layout or belongs to another config.
-    """
-    try:
-        with warnings.catch_warnings():  # e.g. a foreign pickle protocol, refused just below
-            warnings.simplefilter("ignore")
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise ConfigError(f"checkpoint {path} does not exist") from None
-    except Exception as exc:  # noqa: BLE001 - every failure of the reader becomes one line
-        if "GLOBAL" in str(exc):  # the weights-only unpickler met a class or function
-            raise ConfigError(
-                f"checkpoint {path} holds objects other than tensors and plain containers; "
-                "refusing to load it (unpickling it could run code)"
-            ) from None
-        raise ConfigError(
-            f"checkpoint {path} is truncated, corrupted or not a checkpoint "
-            f"({type(exc).__name__}); resume from an intact copy or start the run again"
-        ) from None
-    if not isinstance(state, dict):
-        raise ConfigError(f"checkpoint {path} is not a checkpoint of this experiment")
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise ConfigError(
-            f"checkpoint {path} has layout {state.get('format')!r}, this version reads layout "
-            f"{CHECKPOINT_FORMAT}; start the run again"
-        )
-    for key, kind in _CHECKPOINT_KEYS.items():
-        if key not in state or not isinstance(state[key], kind):
-            raise ConfigError(f"checkpoint {path} is not a checkpoint of this experiment ({key})")
-    if state["config"] != _comparable(config):
-        raise ConfigError(
-            f"checkpoint {path} was written for a different config than "
-            f"{path.with_name(CONFIG_FILE)}; restore that config or start a new run"
-        )
-    if not 0 < state["round"] <= config.training.rounds:
-        raise ConfigError(
-            f"checkpoint {path} is at round {state['round']}, outside 1..{config.training.rounds}"
-        )
-    return state
-
-
 def _write_yaml(config: ExperimentConfig, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise RunFileError(f"cannot write {path} ({_cause(exc)})") from None
+    write_file(path, yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
 
 
 def _fmt(value: float | None) -> str:
@@ -619,11 +514,17 @@ class _Session:
         """The weights that are evaluated: their moving average when ``training.ema`` is set."""
         return self.average.model if self.average is not None else self.plain_model
 
-    def state(self, round_done: int, seconds: float, participants: int) -> dict[str, Any]:
-        """Return the checkpoint: tensors and plain containers only (:func:`load_checkpoint`)."""
+    def state(
+        self, round_done: int, seconds: float, participants: int, epsilon_sha256: str
+    ) -> dict[str, Any]:
+        """Return the checkpoint: tensors and plain containers only (:func:`load_checkpoint`).
+
+        ``epsilon_sha256`` is the digest of the epsilon columns of rows ``1 .. round_done``
+        (:func:`_epsilon_record`); :func:`~.checkpoint.save_checkpoint` adds the checksum.
+        """
         return {
             "format": CHECKPOINT_FORMAT,
-            "config": _comparable(self.config),
+            "config": comparable(self.config),
             "round": round_done,
             "model": self.plain_model.state_dict(),
             "average": self.average.model.state_dict() if self.average is not None else None,
@@ -634,6 +535,7 @@ class _Session:
             "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None,
             "seconds": seconds,
             "participants": participants,
+            "epsilon_sha256": epsilon_sha256,
         }
 
     def load(self, state: dict[str, Any]) -> None:
@@ -773,25 +675,19 @@ def _evaluated(config: ExperimentConfig, round_number: int) -> bool:
 
 
 def _row_is_sound(config: ExperimentConfig, row: dict[str, str], round_number: int) -> bool:
-    """Whether a ``metrics.csv`` row of a round holds every value that round must have."""
-    evaluated = _evaluated(config, round_number)
+    """Whether a ``metrics.csv`` row of a round holds every measured value that round must have.
+
+    The epsilon columns are not judged here: :func:`_checked_epsilons` recomputes them.
+    """
     try:
         if int(row["participants"]) < 0:
             return False
         for key in ("train_loss", "test_loss", "test_accuracy"):
             if row[key]:
                 float(row[key])
-        if bool(row["test_accuracy"]) != evaluated:
-            return False
-        for name in config.privacy.accountants:
-            value = row[f"eps_{name}"]
-            if value:
-                float(value)
-            elif evaluated or name not in SPARSE_CURVES:
-                return False
     except ValueError:
         return False
-    return True
+    return bool(row["test_accuracy"]) == _evaluated(config, round_number)
 
 
 def _rebuilt_row(session: _Session, round_number: int) -> dict[str, str]:
@@ -807,6 +703,63 @@ def _rebuilt_row(session: _Session, round_number: int) -> dict[str, str]:
     eps = session.curves.row(round_number, sparse=evaluated)
     row.update({f"eps_{k}": _fmt(v) for k, v in eps.items()})
     return row
+
+
+def _epsilon_record(row: dict[str, str], names: Sequence[str]) -> bytes:
+    """Return what the digest of the epsilon columns takes from a row: its round and epsilons."""
+    return ",".join([row["round"], *(row[f"eps_{name}"] for name in names)]).encode() + b"\n"
+
+
+def _checked_epsilons(
+    session: _Session,
+    path: Path,
+    rows: list[dict[str, str]],
+    expected: str | None,
+    echo: Callable[[str], None],
+) -> Any:
+    """Check the epsilon columns of rows ``1 .. len(rows)`` against the accountant's history.
+
+    Epsilon after round ``t`` is a function of the history, which :func:`_check_history` has
+    found to be the config's, so it is what the curves compute for ``t``, exactly as training
+    writes it. When the digest of the rows' epsilon columns is ``expected`` (the one the
+    checkpoint stores) and the last row recomputes to what it holds (so the accounting has not
+    changed since), nothing else is recomputed. Otherwise (an edited file, or a layout 2
+    checkpoint without a digest) every row's epsilons are recomputed and those that differ are
+    replaced in ``rows``, with one line per column naming the file and the rounds. Nothing is
+    written here.
+
+    Returns:
+        The SHA-256 object of the rows' :func:`_epsilon_record`, for the rounds that follow.
+    """
+    names = session.curves.names
+
+    def computed(t: int) -> dict[str, str]:
+        values = session.curves.row(t, sparse=_evaluated(session.config, t))
+        return {f"eps_{name}": _fmt(value) for name, value in values.items()}
+
+    def digest_of(table: list[dict[str, str]]) -> Any:
+        digest = hashlib.sha256()
+        for row in table:
+            digest.update(_epsilon_record(row, names))
+        return digest
+
+    digest = digest_of(rows)
+    if digest.hexdigest() == expected and rows:
+        last = computed(len(rows))
+        if all(rows[-1][column] == text for column, text in last.items()):
+            return digest
+    wrong: dict[str, list[int]] = {}
+    for t, row in enumerate(rows, start=1):
+        for column, text in computed(t).items():
+            if row[column] != text:
+                row[column] = text
+                wrong.setdefault(column, []).append(t)
+    for column, numbers in wrong.items():
+        echo(
+            f"{path}: {column} of rounds {_ranges(numbers)} did not match the accountant's "
+            f"history; recomputed"
+        )
+    return digest_of(rows)
 
 
 def _ranges(numbers: Sequence[int]) -> str:
@@ -927,8 +880,11 @@ def _train(
     _check_curves(session)
     columns = _metric_columns(config)
     metrics_path = run_dir / METRICS_FILE
-    # Every check has passed once the rows are read; only then is anything written.
+    # Every check has passed once the rows are read and their epsilons checked; only then is
+    # anything written.
     rows = _metrics_rows(session, metrics_path, start, participants_total, echo)
+    expected = state.get("epsilon_sha256") if state is not None else None
+    epsilon_digest = _checked_epsilons(session, metrics_path, rows, expected, echo)
     last_acc: float | None = None
     for row in rows:
         if row["test_accuracy"]:
@@ -943,16 +899,17 @@ def _train(
     interrupted = False
     # The rows up to the checkpoint are rewritten to a temporary file and renamed into place, so
     # that a kill during the rewrite cannot lose rounds; new rounds are then appended.
-    tmp_metrics = metrics_path.with_name(METRICS_FILE + ".tmp")
-    with tmp_metrics.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp_metrics, metrics_path)
-    with _StopRequest() as stop, metrics_path.open("a", newline="") as fh:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_file(metrics_path, text.getvalue())
+    # A finished run (resumed to rewrite its summary and plots) releases no more rounds.
+    batches = session.sampler if start < rounds else ()
+    with _StopRequest() as stop, AppendedFile(metrics_path) as fh:
         writer = csv.DictWriter(fh, fieldnames=columns)
         try:
-            for t_index, indices in enumerate(session.sampler, start=start + 1):
+            for t_index, indices in enumerate(batches, start=start + 1):
                 began = time.perf_counter()
                 loss = session.round(indices, t_index)
                 seconds += time.perf_counter() - began
@@ -973,6 +930,7 @@ def _train(
                 eps = session.curves.row(done, sparse=evaluated)
                 row.update({f"eps_{k}": _fmt(v) for k, v in eps.items()})
                 writer.writerow(row)
+                epsilon_digest.update(_epsilon_record(row, names))
                 if row["test_accuracy"]:
                     fh.flush()  # so that an evaluation can be followed in metrics.csv
                 bar.update(1)
@@ -984,8 +942,10 @@ def _train(
                 if done % t.checkpoint_every == 0 or done == rounds or stop.requested:
                     fh.flush()
                     _check_history(session, done, "this session")
-                    _atomic_save(
-                        session.state(done, seconds, participants_total),
+                    save_checkpoint(
+                        session.state(
+                            done, seconds, participants_total, epsilon_digest.hexdigest()
+                        ),
                         run_dir / CHECKPOINT_FILE,
                     )
                     saved = done
@@ -1044,7 +1004,7 @@ def _train(
         _check_accountant(session, done)  # before the summary and the plots are written
         result.guarantee = guarantee_record(config, session.curves, done)
         result.plots = plot_run(run_dir)
-        (run_dir / SUMMARY_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        write_file(run_dir / SUMMARY_FILE, json.dumps(result.to_dict(), indent=2) + "\n")
     return result
 
 
@@ -1209,7 +1169,12 @@ def resume(
     stop_after: int | None = None,
     echo: Callable[[str], None] = print,
 ) -> RunResult:
-    """Continue an interrupted run from its last checkpoint.
+    """Continue an interrupted run from its last checkpoint, or finish a finished one.
+
+    A run whose checkpoint is at its last round trains no more: its ``summary.json`` and plots
+    are written again from the checkpoint and ``metrics.csv`` (after the same checks and
+    repairs), which is how a run whose last files could not be written (a full disk) is
+    completed.
 
     Args:
         run_dir: A run directory written by :func:`run`.
@@ -1222,32 +1187,79 @@ def resume(
 
     Raises:
         ConfigError: if ``run_dir`` is in use by another session, has no config or no
-            checkpoint, is already complete, or its checkpoint, config and ``metrics.csv`` do
+            checkpoint, or its checkpoint (checksum included), config and ``metrics.csv`` do
             not fit together (one line, before anything is written).
-        RunFileError: if a checkpoint cannot be written.
+        RunFileError: if a file of the run cannot be written (one line naming it).
+    """
+    return _resume(Path(run_dir), "--resume", progress=progress, stop_after=stop_after, echo=echo)
+
+
+def redraw(run_dir: str | Path, *, echo: Callable[[str], None] = print) -> list[Path]:
+    """Write a run's plots again and, for a finished run, its ``summary.json``; no training.
+
+    A finished run (its checkpoint at the last round) is reopened as :func:`resume` does: the
+    checkpoint verified, ``metrics.csv`` checked and repaired (missing rows, epsilon columns),
+    the accountant compared with its curve, then the plots and ``summary.json`` written. The
+    plots of any other run (interrupted, or training in another session) are drawn from
+    ``metrics.csv`` as it stands; its epsilon columns are checked when it is resumed.
+
+    Args:
+        run_dir: A run directory written by :func:`run`.
+        echo: Where messages go.
+
+    Returns:
+        The files written.
+
+    Raises:
+        ConfigError: if ``run_dir`` is not a run directory, its checkpoint is damaged, or (a
+            finished run) it does not pass the checks of :func:`resume`.
+        RunFileError: if a file cannot be written (one line naming it).
     """
     run_dir = Path(run_dir)
+    config_path, checkpoint = run_dir / CONFIG_FILE, run_dir / CHECKPOINT_FILE
+    if config_path.is_file() and checkpoint.is_file():
+        config = load_config(config_path)
+        state = load_checkpoint(checkpoint, config, echo=lambda _: None)  # said again below
+        if int(state["round"]) >= config.training.rounds:
+            result = _resume(run_dir, "plot", progress=False, stop_after=None, echo=echo)
+            return [*result.plots, run_dir / SUMMARY_FILE]
+    from .plots import plot_run
+
+    return plot_run(run_dir)
+
+
+def _resume(
+    run_dir: Path,
+    what: str,
+    *,
+    progress: bool,
+    stop_after: int | None,
+    echo: Callable[[str], None],
+) -> RunResult:
+    """:func:`resume`, with errors that begin with ``what`` (the command that asked)."""
     if not run_dir.is_dir():
-        raise ConfigError(f"--resume {run_dir}: not a directory; is it a run directory?")
+        raise ConfigError(f"{what} {run_dir}: not a directory; is it a run directory?")
     with _run_lock(run_dir):
         config_path = run_dir / CONFIG_FILE
         if not config_path.exists():
-            raise ConfigError(f"--resume {run_dir}: no {CONFIG_FILE} there; is it a run directory?")
+            raise ConfigError(f"{what} {run_dir}: no {CONFIG_FILE} there; is it a run directory?")
         config = load_config(config_path)
         ckpt = run_dir / CHECKPOINT_FILE
         if not ckpt.exists():
             raise ConfigError(
-                f"--resume {run_dir}: no {CHECKPOINT_FILE} yet (the run stopped before its first "
+                f"{what} {run_dir}: no {CHECKPOINT_FILE} yet (the run stopped before its first "
                 "checkpoint); start it again"
             )
-        state = load_checkpoint(ckpt, config)
-        if int(state["round"]) >= config.training.rounds:
-            raise ConfigError(
-                f"--resume {run_dir}: the run is complete ({state['round']} of "
-                f"{config.training.rounds} rounds)"
-            )
+        state = load_checkpoint(ckpt, config, echo=echo)
         _remove_stale_temporaries(run_dir)
-        echo(f"resuming {run_dir} at round {int(state['round']) + 1} of {config.training.rounds}")
+        done, rounds = int(state["round"]), config.training.rounds
+        if done >= rounds:
+            echo(
+                f"{run_dir}: the run is complete ({done} of {rounds} rounds); writing "
+                f"{SUMMARY_FILE} and the plots from the checkpoint and {METRICS_FILE}"
+            )
+        else:
+            echo(f"resuming {run_dir} at round {done + 1} of {rounds}")
         return _train(
             config, run_dir, state=state, progress=progress, stop_after=stop_after, echo=echo
         )

@@ -28,6 +28,7 @@ allowed; the epsilon of a shortened trial is simply that of fewer rounds).
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import json
 import math
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, ExperimentConfig, apply_overrides, read_yaml, validate
+from .files import write_file
 
 __all__ = ["Sweep", "Trial", "TrialResult", "load_sweep", "run_sweep", "results_markdown"]
 
@@ -326,37 +328,44 @@ def results_markdown(sweep: Sweep, results: Sequence[TrialResult]) -> str:
 
 
 def _write_results(sweep: Sweep, results: Sequence[TrialResult], out: Path) -> None:
+    """Write ``results.csv``, ``results.md`` and ``accuracy.png`` into ``out``.
+
+    Raises:
+        RunFileError: one line naming a file that cannot be written (a full disk).
+    """
     keys = _columns(results)
-    with (out / "results.csv").open("w", newline="") as fh:
-        writer = csv.writer(fh)
+    table = io.StringIO()
+    writer = csv.writer(table)
+    writer.writerow(
+        [
+            "trial",
+            *keys,
+            "final_accuracy",
+            "best_accuracy",
+            "best_round",
+            "train_loss",
+            "seconds_per_round",
+        ]
+    )
+    for r in results:
         writer.writerow(
             [
-                "trial",
-                *keys,
-                "final_accuracy",
-                "best_accuracy",
-                "best_round",
-                "train_loss",
-                "seconds_per_round",
+                r.trial.number,
+                *(_setting(r.trial, k) for k in keys),
+                f"{r.final_accuracy:.6g}",
+                f"{r.best_accuracy:.6g}",
+                r.best_round,
+                f"{r.train_loss:.6g}",
+                f"{r.seconds_per_round:.6g}",
             ]
         )
-        for r in results:
-            writer.writerow(
-                [
-                    r.trial.number,
-                    *(_setting(r.trial, k) for k in keys),
-                    f"{r.final_accuracy:.6g}",
-                    f"{r.best_accuracy:.6g}",
-                    r.best_round,
-                    f"{r.train_loss:.6g}",
-                    f"{r.seconds_per_round:.6g}",
-                ]
-            )
-    (out / "results.md").write_text(results_markdown(sweep, results), encoding="utf-8")
-    _plot(results, out / "accuracy.png")
+    write_file(out / "results.csv", table.getvalue())
+    write_file(out / "results.md", results_markdown(sweep, results))
+    write_file(out / "accuracy.png", _plot(results))
 
 
-def _plot(results: Sequence[TrialResult], path: Path) -> None:
+def _plot(results: Sequence[TrialResult]) -> bytes:
+    """Return the PNG of test accuracy against rounds, one line per trial."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -374,5 +383,9 @@ def _plot(results: Sequence[TrialResult], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    png = io.BytesIO()
+    try:
+        fig.savefig(png, format="png", dpi=120)
+    finally:
+        plt.close(fig)
+    return png.getvalue()

@@ -11,8 +11,12 @@
 
 from __future__ import annotations
 
+import builtins
 import csv
+import errno
 import gzip
+import io
+import json
 import os
 import pickle
 import random
@@ -28,7 +32,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from shuffle_experiments import runner
+from shuffle_experiments import checkpoint, runner
 from shuffle_experiments.cli import main
 from shuffle_experiments.config import ConfigError, load_config
 from shuffle_experiments.data import load_mnist
@@ -186,6 +190,7 @@ def test_inconsistent_checkpoint_is_one_line(stopped, edit, message):
     path = stopped / "checkpoint.pt"
     state = torch.load(path, weights_only=True)
     edit(state)
+    state["checksum"] = checkpoint.checksum(state)  # edited with its checksum: a consistent file
     torch.save(state, path)
     assert message in resume_error(stopped)
 
@@ -211,6 +216,7 @@ def test_resume_refuses_an_accountant_the_config_contradicts_before_writing(stop
     (stopped / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     state = torch.load(stopped / "checkpoint.pt", weights_only=True)
     state["config"]["privacy"]["noise_multiplier"] = raw["privacy"]["noise_multiplier"]
+    state["checksum"] = checkpoint.checksum(state)
     torch.save(state, stopped / "checkpoint.pt")
     before = _snapshot(stopped)
     message = resume_error(stopped)
@@ -248,7 +254,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_temporary(tmp
     tmp = tmp_path / "checkpoint.pt.tmp"
     tmp.symlink_to("/dev/full")  # every write to it fails with ENOSPC, as on a full disk
     with pytest.raises(OSError, match=r"cannot write .*checkpoint.pt \(No space left on dev"):
-        runner._atomic_save({"weights": torch.zeros(4096)}, path)
+        checkpoint.save_checkpoint({"weights": torch.zeros(4096)}, path)
     assert path.read_bytes() == b"the previous checkpoint"
     assert not tmp.exists() and not tmp.is_symlink()
 
@@ -310,6 +316,242 @@ def test_metrics_that_cannot_be_interpreted_are_refused_in_one_line(stopped, edi
     assert _snapshot(stopped) == before
 
 
+# --- epsilon columns, checksums and the files of a finished run ------------------------------
+
+
+def _halve(value: str) -> str:
+    return repr(float(value) / 2)
+
+
+def _set_eps(run_dir: Path, column: str, changes: dict[int, object]) -> None:
+    """Overwrite ``column`` of the given rounds of metrics.csv (a value or a function of it)."""
+    path = run_dir / "metrics.csv"
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        columns, table = list(reader.fieldnames or []), list(reader)
+    for row in table:
+        change = changes.get(int(row["round"]))
+        if change is not None:
+            row[column] = change(row[column]) if callable(change) else str(change)
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(table)
+
+
+def test_hand_edited_epsilons_are_recomputed_said_and_not_plotted(stopped, reference):
+    # Round 4 is an evaluation round: its epsilon is a point of accuracy_vs_epsilon.
+    _set_eps(stopped, "eps_exact", {2: _halve, 3: "0.001", 4: _halve})
+    said: list[str] = []
+    runner.resume(stopped, progress=False, echo=said.append)
+    lines = [s for s in said if "eps_exact" in s]
+    assert len(lines) == 1, said
+    assert str(stopped / "metrics.csv") in lines[0] and "rounds 2-4" in lines[0]
+    # Repaired, not rebuilt: the losses and the accuracy of those rounds are kept.
+    assert rows(stopped) == rows(reference)
+    for name in ("epsilon_vs_rounds.csv", "accuracy_vs_epsilon.csv"):
+        assert (stopped / name).read_text() == (reference / name).read_text(), name
+
+
+@pytest.mark.parametrize("value", ["", "many", "-1"])
+def test_an_unreadable_epsilon_is_recomputed_and_the_row_kept(stopped, reference, value):
+    _set_eps(stopped, "eps_exact", {3: value})
+    said = _resume_one_round(stopped)
+    assert any("eps_exact of rounds 3 " in s for s in said), said
+    assert rows(stopped) == rows(reference)[:5]
+
+
+def test_resume_recomputes_no_epsilon_of_an_intact_file(stopped, monkeypatch):
+    from shuffle_experiments.curves import EpsilonCurves
+
+    asked: list[int] = []
+    row = EpsilonCurves.row
+
+    def counted(self, rounds, *, sparse=True):
+        asked.append(rounds)
+        return row(self, rounds, sparse=sparse)
+
+    monkeypatch.setattr(EpsilonCurves, "row", counted)
+    said = _resume_one_round(stopped)
+    # Round 4 (the checkpoint's, whose row is checked against the accounting as it is now) and
+    # round 5 (its row, and the result at the stop): rounds 1-3 are not recomputed.
+    assert set(asked) == {4, 5} and not any("eps_" in s for s in said), (asked, said)
+
+
+def test_epsilons_are_recomputed_when_the_accounting_changed(stopped, reference, monkeypatch):
+    # The file is as the checkpoint says, but the code now computes other numbers (a fix of the
+    # accounting between two sessions): the rows up to the checkpoint follow the new code.
+    from shuffle_experiments.curves import EpsilonCurves
+
+    epsilon = EpsilonCurves.epsilon
+    monkeypatch.setattr(EpsilonCurves, "epsilon", lambda self, n, t: 0.5 * epsilon(self, n, t))
+    said = _resume_one_round(stopped)
+    assert any("eps_exact of rounds 1-4 did not match" in s for s in said), said
+    got, want = rows(stopped), rows(reference)[:5]
+    assert [float(r["eps_exact"]) for r in got] == [0.5 * float(r["eps_exact"]) for r in want]
+    assert [r["train_loss"] for r in got] == [r["train_loss"] for r in want]
+
+
+def _flip_a_weight_byte(path: Path) -> None:
+    state = torch.load(path, weights_only=True)
+    weight = max(state["model"].values(), key=lambda t: t.numel())
+    data = bytearray(path.read_bytes())
+    at = data.find(weight.numpy().tobytes())
+    assert at >= 0
+    data[at + weight.numel() * weight.element_size() // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_the_checksum_covers_every_entry_and_its_type(stopped):
+    state = torch.load(stopped / "checkpoint.pt", weights_only=True)
+    assert state["checksum"] == checkpoint.checksum(state)
+    seen = {checkpoint.checksum(state)}
+    for key in [k for k in state if k != "checksum"]:
+        edited = dict(state)
+        edited[key] = [edited[key]]  # the same value, wrapped: another content
+        seen.add(checkpoint.checksum(edited))
+    noise = state["noise_generator"].clone()
+    noise[-1] ^= 1
+    seen.add(checkpoint.checksum({**state, "noise_generator": noise}))
+    for value in (1, 1.0, True, "1", b"1", None, [1], (1,), {1: 1}, {"1": 1}):
+        seen.add(checkpoint.checksum({**state, "round": value}))
+    assert len(seen) == 1 + (len(state) - 1) + 1 + 10
+    # Independent of the entries' order (a dict read back keeps the order it was written in).
+    assert checkpoint.checksum(dict(reversed(state.items()))) == state["checksum"]
+
+
+def test_a_flipped_byte_in_a_weight_is_refused_in_one_line(stopped, capsys):
+    path = stopped / "checkpoint.pt"
+    _flip_a_weight_byte(path)
+    before = _snapshot(stopped)
+    message = resume_error(stopped)
+    assert message.startswith(f"checkpoint {path} fails its checksum"), message
+    assert _snapshot(stopped) == before
+    assert main(["train", "--resume", str(stopped), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"checkpoint {path} fails its checksum" in err
+
+
+def test_a_checkpoint_without_checksum_loads_with_a_warning_and_its_epsilons_are_checked(
+    stopped, reference
+):
+    # What the previous version wrote: layout 2, no checksum, no digest of the epsilon columns.
+    path = stopped / "checkpoint.pt"
+    state = torch.load(path, weights_only=True)
+    for key in ("checksum", "epsilon_sha256"):
+        state.pop(key)
+    state["format"] = 2
+    torch.save(state, path)
+    _set_eps(stopped, "eps_exact", {1: _halve})
+    said: list[str] = []
+    runner.resume(stopped, progress=False, echo=said.append, stop_after=8)  # a checkpoint at 8
+    assert any(f"checkpoint {path} has no checksum" in s for s in said), said
+    assert any("eps_exact of rounds 1 " in s for s in said), said
+    assert rows(stopped) == rows(reference)[:8]
+    written = torch.load(path, weights_only=True)
+    assert written["round"] == 8 and written["format"] == runner.CHECKPOINT_FORMAT
+    assert written["checksum"] == checkpoint.checksum(written)
+
+
+def _full_disk(monkeypatch, *names: str, error: int = errno.ENOSPC) -> None:
+    """Make every write to a file of one of these ``names`` fail as a full disk does.
+
+    The error carries no file name, as a real failing ``write`` does not.
+    """
+    real_open = builtins.open
+
+    class Full:
+        def __init__(self, fh) -> None:
+            self._fh = fh
+
+        def write(self, data) -> int:
+            raise OSError(error, os.strerror(error))
+
+        def __getattr__(self, attr):
+            return getattr(self._fh, attr)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self._fh.close()
+
+    def fake_open(file, mode="r", *args, **kwargs):
+        fh = real_open(file, mode, *args, **kwargs)
+        named = isinstance(file, (str, os.PathLike)) and Path(file).name in names
+        return Full(fh) if named and any(c in mode for c in "wax+") else fh
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr(io, "open", fake_open)
+
+
+def _summary(run_dir: Path, *ignore: str) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("run_dir", "plots", *ignore):
+        summary.pop(key)
+    return summary
+
+
+def test_a_full_disk_at_the_summary_names_it_and_resume_writes_it(
+    stopped, reference, monkeypatch, capsys
+):
+    _full_disk(monkeypatch, "summary.json", "summary.json.tmp")
+    assert main(["train", "--resume", str(stopped), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"{stopped / 'summary.json'} (No space left on device)" in err, err
+    assert not (stopped / "summary.json").exists() and not list(stopped.glob("*.tmp"))
+    monkeypatch.undo()
+    # The disk has room again: --resume of the finished run writes the summary, no training.
+    assert main(["train", "--resume", str(stopped), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "the run is complete (24 of 24 rounds)" in out and "test accuracy" in out
+    timing = ("seconds", "seconds_per_round")
+    assert _summary(stopped, *timing) == _summary(reference, *timing)
+
+
+def test_plot_rewrites_the_summary_and_plots_of_a_finished_run(reference, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    for name in ("summary.json", "epsilon_vs_rounds.png", "accuracy_vs_epsilon.csv"):
+        (run_dir / name).unlink()
+    assert main(["plot", str(run_dir)]) == 0
+    printed = capsys.readouterr().out
+    assert str(run_dir / "summary.json") in printed
+    assert _summary(run_dir) == _summary(reference)
+    for name in ("epsilon_vs_rounds.csv", "accuracy_vs_epsilon.csv"):
+        assert (run_dir / name).read_text() == (reference / name).read_text(), name
+    assert (run_dir / "epsilon_vs_rounds.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [
+        ("epsilon_vs_rounds.png", errno.ENOSPC),
+        ("accuracy_vs_epsilon.csv", errno.EFBIG),
+        ("summary.json", errno.EFBIG),
+    ],
+)
+def test_plot_names_the_file_it_cannot_write(reference, tmp_path, monkeypatch, capsys, name, error):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    _full_disk(monkeypatch, name, f"{name}.tmp", error=error)
+    assert main(["plot", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"cannot write {run_dir / name} ({os.strerror(error)})" in err, err
+    assert not list(run_dir.glob("*.tmp"))
+
+
+def test_a_metrics_file_too_large_names_it(stopped, monkeypatch, capsys):
+    _full_disk(monkeypatch, "metrics.csv", error=errno.EFBIG)  # the rows appended per round
+    assert main(["train", "--resume", str(stopped), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"cannot write {stopped / 'metrics.csv'} (File too large)" in err, err
+    assert not list(stopped.glob("*.tmp"))
+
+
 # --- SIGKILL at random moments ------------------------------------------------------------
 
 
@@ -342,7 +584,7 @@ else:
         with tmp.open("r+b") as fh:
             fh.truncate(tmp.stat().st_size // 2)
         die()
-    runner._atomic_save = save
+    runner.save_checkpoint = save
 runner.resume(run_dir, progress=False, echo=lambda _: None)
 """
 

@@ -287,10 +287,12 @@ def test_cli_errors_are_one_line(argv, message, capsys, monkeypatch):
     assert err.count("\n") == 1 and message in err, err
 
 
-def test_resume_refuses_complete_run_and_set(tmp_path, capsys):
+def test_resume_of_a_complete_run_trains_no_more_and_set_is_refused(tmp_path, capsys):
     run = runner.run(tiny_config(tmp_path), run_dir=tmp_path / "r", progress=False)
-    assert main(["train", "--resume", str(run.run_dir)]) == 2
-    assert "the run is complete (12 of 12 rounds)" in capsys.readouterr().err
+    metrics = (run.run_dir / "metrics.csv").read_bytes()
+    assert main(["train", "--resume", str(run.run_dir), "--no-progress"]) == 0
+    assert "the run is complete (12 of 12 rounds); writing summary.json" in capsys.readouterr().out
+    assert (run.run_dir / "metrics.csv").read_bytes() == metrics
     assert main(["train", "--resume", str(run.run_dir), "--set", "seed=2"]) == 2
     assert "--set cannot change a run being resumed" in capsys.readouterr().err
 
