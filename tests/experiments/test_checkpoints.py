@@ -566,17 +566,17 @@ _RESUME = """
 import os, signal, sys
 from pathlib import Path
 import torch
-from shuffle_experiments import runner
+from shuffle_experiments import runner, session
 run_dir, mode, kill_at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
 if mode == "round":
-    step = runner._Session.round
+    step = session.Session.round
     def round_or_die(self, indices, round_number):
         if round_number == kill_at:
             die()
         return step(self, indices, round_number)
-    runner._Session.round = round_or_die
+    session.Session.round = round_or_die
 else:
     def save(obj, path):
         tmp = path.with_name(path.name + ".tmp")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from shuffle_experiments import runner
+from shuffle_experiments import runner, session
 from shuffle_experiments.cli import main
 from shuffle_experiments.config import load_config, validate
 from shuffle_experiments.curves import SPARSE_CURVES, EpsilonCurves
@@ -157,14 +157,14 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch, def
         "optimizer.warmup=3", "training.ema=0.9", "training.device=cpu",
     )  # fmt: skip
     runner.run(cfg, run_dir=tmp_path / "whole", progress=False)
-    original = runner._Session.round
+    original = session.Session.round
 
     def interrupted(self, indices, round_number):
         if round_number == 9:  # Ctrl-C arrives in the middle of round 9
             signal.raise_signal(signal.SIGINT)
         return original(self, indices, round_number)
 
-    monkeypatch.setattr(runner._Session, "round", interrupted)
+    monkeypatch.setattr(session.Session, "round", interrupted)
     messages: list[str] = []
     with pytest.raises(runner.RunInterrupted) as info:
         runner.run(cfg, run_dir=tmp_path / "part", progress=False, echo=messages.append)
@@ -183,7 +183,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch, def
     # Round 9 was completed before stopping, and the handler is gone again.
     assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)["round"] == 9
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    monkeypatch.setattr(runner._Session, "round", original)
+    monkeypatch.setattr(session.Session, "round", original)
     runner.resume(tmp_path / "part", progress=False, echo=lambda _: None)
     whole, part = tmp_path / "whole", tmp_path / "part"
     assert (part / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
@@ -195,12 +195,12 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch, def
 
 def test_learning_rate_warms_up_then_follows_the_schedule(tmp_path):
     cfg = tiny_config(tmp_path, "optimizer.warmup=3", "optimizer.schedule=cosine")
-    session = runner._Session(cfg, tmp_path, 0)
+    opened = session.open_session(cfg, tmp_path, 0)
     lr = cfg.optimizer.lr
-    rates = [session.learning_rate(t) for t in range(1, cfg.training.rounds + 1)]
+    rates = [opened.learning_rate(t) for t in range(1, cfg.training.rounds + 1)]
     assert rates[:3] == pytest.approx([lr / 4, lr / 2, 3 * lr / 4])
     assert rates[3] == pytest.approx(lr) and rates[-1] < rates[4] < lr
-    assert session.device == torch.device("cpu")  # auto, on a machine without CUDA
+    assert opened.device == torch.device("cpu")  # auto, on a machine without CUDA
 
 
 def test_unavailable_device_is_one_line(tmp_path):
@@ -214,7 +214,7 @@ def test_exception_mid_round_keeps_the_last_checkpoint(tmp_path, monkeypatch):
     # round: resume starts from the last periodic checkpoint and still matches.
     cfg = tiny_config(tmp_path)
     runner.run(cfg, run_dir=tmp_path / "whole", progress=False)
-    original = runner._Session.round
+    original = session.Session.round
 
     def crashing(self, indices, round_number):
         if round_number == 8:
@@ -222,13 +222,13 @@ def test_exception_mid_round_keeps_the_last_checkpoint(tmp_path, monkeypatch):
             raise KeyboardInterrupt  # ... but the round is never recorded
         return original(self, indices, round_number)
 
-    monkeypatch.setattr(runner._Session, "round", crashing)
+    monkeypatch.setattr(session.Session, "round", crashing)
     messages: list[str] = []
     with pytest.raises(KeyboardInterrupt):
         runner.run(cfg, run_dir=tmp_path / "part", progress=False, echo=messages.append)
     assert "last checkpoint: round 5" in messages[-1]
     assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)["round"] == 5
-    monkeypatch.setattr(runner._Session, "round", original)
+    monkeypatch.setattr(session.Session, "round", original)
     runner.resume(tmp_path / "part", progress=False, echo=lambda _: None)
     whole, part = tmp_path / "whole", tmp_path / "part"
     assert (part / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
