@@ -53,7 +53,7 @@ CHECKPOINT_FORMAT = 3
 _UNSIGNED_FORMAT = 2
 #: Config fields that may differ between a checkpoint and the run's config.yaml: where the run
 #: executes, not what it computes.
-PLACEMENT_FIELDS = ("device", "threads")
+PLACEMENT_FIELDS = ("device", "threads", "checkpoint_minutes")
 _KEYS: dict[str, type | tuple[type, ...]] = {
     "format": int,
     "config": dict,
@@ -159,8 +159,8 @@ def load_checkpoint(
 
     The file is read with ``torch.load(weights_only=True)`` (no code can run), its checksum
     verified (layout 2 has none: loaded with a warning, see the module docstring), its layout,
-    its round and its copy of the config (all fields but ``training.device`` and
-    ``training.threads``) checked against ``config``, the run's ``config.yaml``.
+    its round and its copy of the config (all fields but the placement fields
+    :data:`PLACEMENT_FIELDS`) checked against ``config``, the run's ``config.yaml``.
 
     Args:
         path: The ``checkpoint.pt`` file.

@@ -196,9 +196,26 @@ class TrainingConfig(_Section):
     rounds: int = Field(gt=0, le=MAX_ROUNDS)
     eval_every: int = Field(default=100, gt=0, le=MAX_ROUNDS)
     checkpoint_every: int = Field(default=500, gt=0, le=MAX_ROUNDS)
+    #: Also write a checkpoint once this many minutes have passed since the last one (a hard
+    #: kill then loses minutes, not rounds); ``0`` for rounds only.
+    checkpoint_minutes: float = Field(default=10.0, ge=0, le=10_000, allow_inf_nan=False)
     grad_sample_mode: Literal["hooks", "functorch", "ew", "fast"] = "hooks"
     micro_batch: int | None = Field(default=200, gt=0, le=MAX_CLIENTS)
-    threads: int = Field(default=2, gt=0, le=MAX_THREADS)
+    #: Torch threads; ``auto`` takes the cores this process may use minus those the machine's
+    #: load keeps busy (at least 1), measured when the run starts and written into the run's
+    #: config.yaml, so that a resume uses the same number (results depend on it in the last
+    #: digits).
+    threads: int | Literal["auto"] = Field(default="auto")
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, value: int | str) -> int | str:
+        if value == "auto" or (
+            isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_THREADS
+        ):
+            return value
+        raise ValueError(f"must be auto or an integer in [1, {MAX_THREADS}]")
+
     #: ``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``.
     device: str = "auto"
     #: Decay of an exponential moving average of the weights, evaluated instead of the weights

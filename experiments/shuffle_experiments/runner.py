@@ -70,6 +70,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -78,6 +79,8 @@ from typing import Any
 
 from .checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
 from .config import ConfigError, ExperimentConfig, load_config, validate
+from .console import auto_threads, machine_load, usable_cores
+from .console import progress as _progress
 from .curves import REPLACE_ONE, curve_label, curve_list
 from .files import (
     CHECKPOINT_FILE,
@@ -98,7 +101,7 @@ from .rundir import (
     _write_yaml,
     new_run_dir,
 )
-from .session import evaluate, open_session
+from .session import Session, evaluate, open_session, resolve_device
 from .signals import StopRequest
 
 __all__ = [
@@ -173,17 +176,41 @@ class RunInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-def _progress(total: int, initial: int, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total,
-        initial=initial,
-        unit="round",
-        disable=not enabled,
-        dynamic_ncols=True,
-        smoothing=0.05,
+def _header(session: Session, run_dir: Path, start: int) -> list[str]:
+    """Return the lines printed before training: where the run is and what it will claim."""
+    config = session.config
+    t, p = config.training, config.protocol
+    load = machine_load()
+    cores = usable_cores()
+    load_text = "" if load is None else f", load {load:.1f}"
+    lines = [
+        f"run directory   {run_dir}",
+        f"config          {config.name} ({run_dir / CONFIG_FILE})",
+        f"device          {session.device}, {t.threads} threads ({cores} usable cores{load_text})",
+    ]
+    free = max(1, cores - round(load)) if load is not None else cores
+    if session.device.type == "cpu" and t.threads > free:
+        lines.append(
+            f"note            {t.threads} threads but about {free} free core(s) here: a shared "
+            f"machine runs faster with --set training.threads={free} (the results then differ "
+            f"in their last digits from a run with {t.threads})"
+        )
+    who = (
+        f"rate {p.rate}" if p.rate is not None else f"{p.sample_size or session.population} a round"
     )
+    lines.append(
+        f"protocol        {p.kind}: {session.population:,} clients, {who}, {t.rounds} rounds "
+        f"(from round {start + 1}), seed {config.seed} (given: a reproducible simulation)"
+    )
+    names = session.curves.names
+    headline = "pld" if "pld" in names else names[0]
+    budget = session.curves.epsilon(headline, t.rounds)
+    lines.append(
+        f"privacy         noise multiplier {config.privacy.noise_multiplier}, clipping "
+        f"{config.privacy.clipping_norm}; epsilon after all rounds {budget:.6g} "
+        f"({headline}, delta {config.privacy.delta:g})"
+    )
+    return lines
 
 
 def _train(
@@ -225,8 +252,12 @@ def _train(
     names = curve_list(config)
     first_curve = REPLACE_ONE if REPLACE_ONE in names else names[0]  # the guarantee
     done = start
-    bar = _progress(rounds, start, progress)
+    for line in _header(session, run_dir, start):
+        echo(line)
+    bar = _progress(rounds, start, progress, echo)
     saved = start
+    saved_at = time.monotonic()
+    flushed_at = saved_at
     interrupted = False
     # The rows up to the checkpoint are rewritten to a temporary file and renamed into place, so
     # that a kill during the rewrite cannot lose rounds; new rounds are then appended.
@@ -238,6 +269,11 @@ def _train(
     # A finished run (resumed to rewrite its summary and plots) releases no more rounds.
     batches = session.sampler if start < rounds else ()
     with StopRequest() as stop, AppendedFile(metrics_path) as fh:
+        if stop.sigint_ignored and start < rounds:
+            echo(
+                f"note: Ctrl-C is ignored in this process (started in the background); stop it "
+                f"with kill -TERM {os.getpid()}, which finishes the round and checkpoints"
+            )
         writer = csv.DictWriter(fh, fieldnames=columns)
         try:
             for t_index, indices in enumerate(batches, start=start + 1):
@@ -262,15 +298,18 @@ def _train(
                 row.update({f"eps_{k}": _fmt(v) for k, v in eps.items()})
                 writer.writerow(row)
                 epsilon_digest.update(_epsilon_record(row, names))
-                if row["test_accuracy"]:
-                    fh.flush()  # so that an evaluation can be followed in metrics.csv
-                bar.update(1)
+                now = time.monotonic()
+                if row["test_accuracy"] or now - flushed_at >= 1.0:
+                    fh.flush()  # rows reach the file within a second: plot and tail work live
+                    flushed_at = now
                 shown = eps[first_curve]
                 postfix = {f"eps[{first_curve}]": "-" if shown is None else f"{shown:.4g}"}
                 if last_acc is not None:
                     postfix["acc"] = f"{last_acc:.2%}"
                 bar.set_postfix(postfix, refresh=False)
-                if done % t.checkpoint_every == 0 or done == rounds or stop.requested:
+                bar.update(1)
+                overdue = t.checkpoint_minutes and now - saved_at >= 60.0 * t.checkpoint_minutes
+                if done % t.checkpoint_every == 0 or done == rounds or stop.requested or overdue:
                     fh.flush()
                     _check_history(session, done, "this session")
                     save_checkpoint(
@@ -279,9 +318,12 @@ def _train(
                         ),
                         run_dir / CHECKPOINT_FILE,
                     )
-                    saved = done
+                    saved, saved_at = done, time.monotonic()
                 if stop.requested:
-                    echo(f"interrupted after round {done}; continue with --resume {run_dir}")
+                    echo(
+                        f"{stop.signal_name}: stopped after round {done} with a checkpoint; "
+                        f"continue with: shuffle-experiment train --resume {run_dir}"
+                    )
                     raise KeyboardInterrupt
                 if stop_after is not None and done >= stop_after:
                     break
@@ -368,6 +410,10 @@ def run(
         shuffle_experiments.data.MnistNotFoundError: if MNIST cannot be found.
     """
     config = validate(config.model_dump(mode="json"))
+    resolve_device(config.training.device)  # before anything is created
+    if config.training.threads == "auto":
+        training = config.training.model_copy(update={"threads": auto_threads()})
+        config = config.model_copy(update={"training": training})
     own_dir = run_dir is None
     if run_dir is None:
         run_dir = new_run_dir(config)
@@ -462,6 +508,8 @@ def _resume(
     echo: Callable[[str], None],
 ) -> RunResult:
     """:func:`resume`, with errors that begin with ``what`` (the command that asked)."""
+    if run_dir.is_dir():
+        run_dir = run_dir.resolve()  # the run's own directory, not a ``latest`` link
     if not run_dir.is_dir():
         raise ConfigError(f"{what} {run_dir}: not a directory; is it a run directory?")
     with _run_lock(run_dir):
