@@ -122,6 +122,10 @@ def test_derived_parameters_meet_their_bounds(n, dropouts):
     assert n * big_t < MODULUS  # Flower's weight factor (T per node)
     assert big_t > 4 * n  # the count decodes exactly
     assert big_t < 2**31  # Flower rounds into int32
+    # The exact grid: Δ a power of two, c = (T/2) Δ, T at least half its largest value.
+    top = MODULUS >> (math.ceil(math.log2(n)) + 1)
+    assert math.log2(p.step).is_integer() and p.clipping_range == (big_t // 2) * p.step
+    assert big_t % 2 == 0 and top / 2 - 1 < big_t <= top
     assert s == n or (s % 2 == 1 and s >= MIN_SHARES and s < n)
     assert s >= min(n, MIN_SHARES)
     assert t == s // 2 + 1 and 2 <= t <= s
@@ -129,9 +133,12 @@ def test_derived_parameters_meet_their_bounds(n, dropouts):
     if s < n:
         assert d_max <= s - 2  # the (s-1)-connected ring stays connected
     assert p.population == n - d_max
-    # P(a report has a coordinate beyond c) = 2 d Φ̄(z) = 10⁻¹² for c = C (1 + σ z).
+    # P(a report has a coordinate beyond c) = 2 d Φ̄(z) <= 10⁻¹² for c = C (1 + σ z): c is the
+    # target rounded up to the grid, by less than one step.
+    target = 0.1 * (1.0 + 1.5 * stats.norm.isf(CLIPPING_TAIL / (2 * 5154)))
+    assert 0.0 <= p.clipping_range - target < p.step
     z = (p.clipping_range / 0.1 - 1.0) / 1.5
-    assert 2 * 5154 * stats.norm.sf(z) == pytest.approx(CLIPPING_TAIL, rel=1e-6)
+    assert 2 * 5154 * stats.norm.sf(z) <= CLIPPING_TAIL * (1 + 1e-9)
     assert p.step == 2 * p.clipping_range / big_t
     assert p.sum_error_bound(n) < p.count_value / 2
     # With the defaults of the MNIST app the error is negligible next to the noise.
@@ -615,9 +622,12 @@ def test_documented_parameters_of_the_mnist_app():
     from pathlib import Path
 
     p = secagg_parameters(num_nodes=100, dimension=5154, clip_norm=0.1, noise_multiplier=1.5)
-    assert (p.num_shares, p.threshold, p.quantization_range) == (9, 5, 2**24)
+    assert (p.num_shares, p.threshold, p.step) == (9, 5, 2.0**-22)
     doc = (Path(__file__).resolve().parents[2] / "docs" / "flower.md").read_text()
-    quoted = f"s = 9, t = 5, c = {p.clipping_range:.3f}, T = 2²⁴, Δ = {p.step:.1e}"
+    quoted = (
+        f"s = 9, t = 5, c = {p.clipping_range:.3f}, T = {p.quantization_range:,}, "
+        f"Δ = 2⁻²² ≈ {p.step:.1e}"
+    )
     assert quoted.replace("e-07", "·10⁻⁷") in doc
     assert f"{p.sum_error_bound(100) / 50:.1e}".replace("e-07", "·10⁻⁷") in doc
 
