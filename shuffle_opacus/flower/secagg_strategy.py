@@ -376,45 +376,24 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
     def summary(self) -> None:
         """Log the protocol's parameters."""
         p, s = self.privacy, self.parameters
-        log(INFO, "\t├──> Shuffled check-in on the nodes under SecAgg+ (no trusted server)")
-        log(
-            INFO,
-            "\t│\t├── nodes n = %d, check-in rate = %g (drawn by each node)",
-            self.num_nodes,
-            p.rate,
-        )
-        log(
-            INFO,
-            "\t│\t├── clip norm C = %g, noise multiplier = %g",
-            p.clip_norm,
-            p.noise_multiplier,
-        )
-        log(
-            INFO,
-            "\t│\t├── sensitivity = %g C, delta = %g, method %s",
-            p.sensitivity,
-            p.delta,
-            p.method,
-        )
-        log(
-            INFO,
-            "\t│\t├── max dropouts D = %d: accountant population n - D = %d",
-            self.max_dropouts,
-            self.population,
-        )
-        if s is not None:
-            log(
-                INFO,
-                "\t│\t├── SecAgg+: %d shares, threshold %d, clipping range %.6g, "
-                "quantisation range %d, modulus %d",
-                s.num_shares,
-                s.threshold,
-                s.clipping_range,
-                s.quantization_range,
-                s.modulus_range,
-            )
         budget = "none" if self.max_epsilon is None else f"{self.max_epsilon:g}"
-        log(INFO, "\t│\t└── epsilon budget: %s", budget)
+        lines = [
+            "├──> Shuffled check-in on the nodes under SecAgg+ (no trusted server)",
+            f"│\t├── nodes n = {self.num_nodes}, check-in rate = {p.rate:g} (drawn by each node)",
+            f"│\t├── clip norm C = {p.clip_norm:g}, noise multiplier = {p.noise_multiplier:g}",
+            f"│\t├── sensitivity = {p.sensitivity:g} C, delta = {p.delta:g}, method {p.method}",
+            f"│\t├── max dropouts D = {self.max_dropouts}: accountant population n - D = "
+            f"{self.population}",
+        ]
+        if s is not None:
+            lines.append(
+                f"│\t├── SecAgg+: {s.num_shares} shares, threshold {s.threshold}, clipping range "
+                f"{s.clipping_range:.6g}, quantisation range {s.quantization_range}, modulus "
+                f"{s.modulus_range}"
+            )
+        lines.append(f"│\t└── epsilon budget: {budget}")
+        for line in lines:
+            log(INFO, "\t%s", line)
 
     def verify_nodes(self, grid: Grid, timeout: float) -> None:
         """Check, before any round, that every node's mod accepts this run's parameters.
