@@ -54,6 +54,16 @@ from .helpers import (  # noqa: E402
 )
 
 
+@pytest.fixture(autouse=True)
+def no_padding_wait(monkeypatch):
+    """The mods pad to ``reply_after`` = 30 s; skip that wait (the thread's deadline stays)."""
+    import shuffle_opacus.flower.secagg_mod as secagg_mod_module
+
+    waits: list[float] = []
+    monkeypatch.setattr(secagg_mod_module, "_SLEEP", waits.append)
+    return waits
+
+
 def privacy(sigma=0.0, rate=0.5, clip=0.5, **kw) -> ShufflePrivacyConfig:
     return ShufflePrivacyConfig(
         noise_multiplier=sigma,
@@ -68,6 +78,7 @@ def privacy(sigma=0.0, rate=0.5, clip=0.5, **kw) -> ShufflePrivacyConfig:
 def secagg_mod(recorded=None, **kw) -> SecAggCheckInMod:
     kw.setdefault("min_noise_multiplier", 0.0)
     kw.setdefault("allow_noiseless", True)
+    kw.setdefault("reply_after", 30.0)  # never reached: the autouse fixture skips the wait
     if recorded is not None:
         kw["secure_aggregation_mod"] = secagg_spy(recorded)
     return SecAggCheckInMod(**kw)
@@ -563,13 +574,14 @@ def test_the_secagg_mod_refuses_other_instructions():
         ({"min_noise_multiplier": -1.0}, "min_noise_multiplier must be"),
         ({"train_when_absent": "yes"}, "train_when_absent must be True or False"),
         ({"seed": -1}, "seed must be an integer >= 0"),
-        ({"reply_after": -1.0}, "reply_after must be"),
+        ({"reply_after": -1.0}, "reply_after must be a finite number > 0"),
+        ({"reply_after": 0.0}, "reply_after must be a finite number > 0"),
         ({"secure_aggregation_mod": 3}, "secure_aggregation_mod must be a mod"),
     ],
 )
 def test_mod_arguments(kwargs, text):
     with pytest.raises(ValueError, match=text):
-        SecAggCheckInMod(**{"min_noise_multiplier": 0.5, **kwargs})
+        SecAggCheckInMod(**{"min_noise_multiplier": 0.5, "reply_after": 1.0, **kwargs})
 
 
 def test_strategy_and_router_arguments():
@@ -632,13 +644,9 @@ def test_documented_parameters_of_the_mnist_app():
     assert f"{p.sum_error_bound(100) / 50:.1e}".replace("e-07", "·10⁻⁷") in doc
 
 
-def test_reply_after_pads_the_masked_vector_step(monkeypatch):
-    """With ``reply_after`` every node waits until that many seconds after the masked-vector
-    instruction arrived before handing over its report, whatever its training took."""
-    import shuffle_opacus.flower.secagg_mod as secagg_mod_module
-
-    slept = []
-    monkeypatch.setattr(secagg_mod_module.time, "sleep", slept.append)
+def test_reply_after_pads_the_masked_vector_step(no_padding_wait):
+    """Every node waits until ``reply_after`` seconds after the masked-vector instruction
+    arrived before handing over its report, whatever its training took."""
     grid = InProcessGrid(numpy_app(shift_update(0.04), mod=secagg_mod(reply_after=30.0)), 3)
     SecAggCheckInFedAvg(privacy=privacy(), num_nodes=3).start(grid, model(), num_rounds=1)
-    assert len(slept) == 3 and all(29.0 < s <= 30.0 for s in slept)
+    assert len(no_padding_wait) == 3 and all(29.0 < s <= 30.0 for s in no_padding_wait)
