@@ -56,8 +56,15 @@ STAGE = "secaggplus_configs"
 
 
 def privacy(sigma=1.0, rate=1.0, clip=0.5) -> ShufflePrivacyConfig:
+    # The Rényi method ("exact"): epsilon after each round in milliseconds (nothing here is
+    # about its value).
     return ShufflePrivacyConfig(
-        noise_multiplier=sigma, clip_norm=clip, rate=rate, delta=1e-5, allow_noiseless=sigma == 0
+        noise_multiplier=sigma,
+        clip_norm=clip,
+        rate=rate,
+        delta=1e-5,
+        allow_noiseless=sigma == 0,
+        method="exact",
     )
 
 
@@ -113,17 +120,17 @@ def test_padding_is_required_and_a_node_can_only_raise_it():
 
 
 def test_reply_times_do_not_follow_training_time():
-    """Node i's training takes 0.04 i s (its data size, say), node 3's 0.6 s. With
-    ``reply_after = 0.3`` every node's masked-vector step takes at least 0.3 s, and node 3
+    """Node i's training takes 0.03 i s (its data size, say), node 3's 0.5 s. With
+    ``reply_after = 0.2`` every node's masked-vector step takes at least 0.2 s, and node 3
     does not wait for its training: it replies at the same time, with the zero update, stays
     in the sum and counts the overrun in its local record."""
     recorded: dict = {}
 
     def update(pid, received):
-        time.sleep(0.6 if pid == 3 else 0.04 * pid)
+        time.sleep(0.5 if pid == 3 else 0.03 * pid)
         return shift_update(0.04)(pid, received)
 
-    app = numpy_app(update, mod=secagg_mod(recorded, reply_after=0.3))
+    app = numpy_app(update, mod=secagg_mod(recorded, reply_after=0.2))
     times = {}
 
     def timed(msg, ctx):
@@ -138,7 +145,7 @@ def test_reply_times_do_not_follow_training_time():
     grid.client_app = timed
     strategy = SecAggCheckInFedAvg(privacy=privacy(sigma=0.0), num_nodes=4)
     strategy.start(grid, model(), num_rounds=1)
-    assert len(times) == 4 and all(0.3 <= t < 0.55 for t in times.values()), times
+    assert len(times) == 4 and all(0.2 <= t < 0.45 for t in times.values()), times
     assert strategy.round_metrics[1]["num-in-sum"] == 4
     reports = {
         node: np.concatenate([a.ravel() for a in recorded[(1, node)][:-1]]) for node in times
@@ -152,9 +159,9 @@ def test_reply_times_do_not_follow_training_time():
 
 
 def test_rounding_does_not_depend_on_numpys_global_generator(monkeypatch, no_wait):
-    """The training code seeds numpy's global generator (from its data, say): 0, then 1, then 0
-    again. With the mod's own seed fixed, Flower's quantised integers are the same in all three
-    runs, and they are exactly the grid points the mod chose."""
+    """The training code seeds numpy's global generator (from its data, say): 0, then 1. With
+    the mod's own seed fixed, Flower's quantised integers are the same in both runs, and they
+    are exactly the grid points the mod chose."""
     module = sys.modules["flwr.client.mod.secure_aggregation.secaggplus_mod"]
     seen: list = []
 
@@ -169,7 +176,7 @@ def test_rounding_does_not_depend_on_numpys_global_generator(monkeypatch, no_wai
 
     monkeypatch.setattr(module, "quantize", spy)
     runs = []
-    for global_seed in (0, 1, 0):
+    for global_seed in (0, 1):
 
         def update(pid, received, s=global_seed):
             np.random.seed(s)
@@ -179,7 +186,7 @@ def test_rounding_does_not_depend_on_numpys_global_generator(monkeypatch, no_wai
         grid = InProcessGrid(numpy_app(update, mod=secagg_mod(seed=3)), 3)
         SecAggCheckInFedAvg(privacy=privacy(), num_nodes=3).start(grid, model(), num_rounds=1)
         runs.append(np.concatenate(seen))
-    assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])
+    assert np.array_equal(runs[0], runs[1])
 
 
 @pytest.mark.parametrize(("n", "d", "clip", "sigma"), [(2, 10, 0.5, 1.0), (100, 5154, 0.1, 1.5)])
