@@ -3,7 +3,7 @@
 :class:`SecAggCheckInMod` is the privacy mod of the ``secagg`` mode; use it as the first (or
 only) mod of the ``ClientApp``::
 
-    app = ClientApp(mods=[SecAggCheckInMod(min_noise_multiplier=0.5)])
+    app = ClientApp(mods=[SecAggCheckInMod(min_noise_multiplier=0.5, reply_after=30.0)])
 
 It wraps Flower's own ``flwr.client.mod.secaggplus_mod`` (the client side of SecAgg+, Bell,
 Bonawitz, Gascón, Lepoint and Raykova, *Secure Single-Server Aggregation with
@@ -29,15 +29,16 @@ stage the node
    the model, returns non-finite weights, or is still running at that time gives the **zero
    update**: the node stays in the sum (its failure is invisible to the server, which sees the
    same reply at the same time) and notes it in its local record and log
-   (:func:`~shuffle_opacus.flower.secagg_node.local_report`). It computes the update over all
-   arrays, clips it to norm ``C`` and draws ``N(0, σ²C²)`` for every coordinate (always, so
-   that the work does not depend on the coin);
-4. rounds ``b (clipped update + noise)`` and the count coordinate ``b c`` (``b`` is 1 if it
-   checked in and 0 otherwise, ``c`` the clipping range) stochastically onto SecAgg+'s grid
-   (:func:`~shuffle_opacus.flower.secagg.round_onto_grid`), waits until ``reply_after``, and
-   returns the result for SecAgg+ to mask. The plain part of its reply (weight 1 and the echo
-   of step 1) is the same whatever ``b`` is; the training code's metrics and records never
-   leave the node.
+   (:func:`~shuffle_opacus.flower.secagg_node.local_report`);
+4. waits until ``reply_after``; then computes the update over all arrays, clips it to norm
+   ``C``, draws ``N(0, σ²C²)`` for every coordinate (always, so that the work does not depend
+   on the coin), rounds ``b (clipped update + noise)`` and the count coordinate ``b c`` (``b``
+   is 1 if it checked in and 0 otherwise, ``c`` the clipping range) stochastically onto
+   SecAgg+'s grid (:func:`~shuffle_opacus.flower.secagg.round_onto_grid`), and returns the
+   result for SecAgg+ to mask. That work is the same for any data and comes after the
+   padding, so a node whose training overran replies when the others do. The plain part of
+   its reply (weight 1 and the echo of step 1) is the same whatever ``b`` is; the training
+   code's metrics and records never leave the node.
 
 In the unmasking stage the node first checks the dropout rule itself: it sends no shares
 unless the server names the nodes missing from the sum and there are at most ``D`` of them
@@ -57,8 +58,10 @@ than the node allows, and the strategy accounts with exactly the values the node
 The padding: ``reply_after`` is fixed in the ClientApp's code; a SuperNode's operator can
 raise it with ``--node-config "reply-after=..."``. Choose it above the slowest training the node
 can have (measure it on the node's largest dataset) and below the server's stage timeout. A
-training still running then is abandoned for the round (it keeps running in its thread, and its
-result is discarded), so the reply leaves at the same time whatever the data.
+training still running then is abandoned for the round (it keeps running in its thread, with
+the node's ``Context``, and its result is discarded), so the reply leaves at the same time
+whatever the data; while it runs it competes with the node's later work for the machine, which
+is why ``reply_after`` should stay above the slowest training rather than rely on this.
 
 Randomness: coin, noise and rounding come from the operating system (noise and rounding
 through numpy's PCG64 seeded with 128 fresh bits inside the mod), unless ``seed`` is given
@@ -364,6 +367,11 @@ class SecAggCheckInMod:
             trained = self._train_until(deadline, msg, context, call_next, record, received)
             if trained is not None:
                 update = trained
+        # Wait out the padding before the node's own work, which is the same for any data, so
+        # that every node replies that work's time after reply_after, overrun or not.
+        left = deadline - time.monotonic()
+        if left > 0:
+            _SLEEP(left)
         norm = math.sqrt(math.fsum(float(np.sum(u * u)) for u in update.values()))
         scale = clip_factor(norm, privacy.clip_norm)
         std = privacy.noise_std
@@ -377,11 +385,6 @@ class SecAggCheckInMod:
         echo = secagg_echo(privacy, num_nodes=num_nodes, max_dropouts=max_dropouts)
         note(context, "rounds")
         open_round(context, round_key, num_nodes, max_dropouts)
-        left = deadline - time.monotonic()
-        if left > 0:
-            _SLEEP(left)
-        else:  # the node's own arithmetic took that long: it does not depend on the data
-            _LOG.warning("the report was ready %.3f s after reply_after", -left)
         fitres = FitRes(
             status=Status(code=Code.OK, message=""),
             parameters=ndarrays_to_parameters(report),
