@@ -26,8 +26,11 @@ The **secure-aggregation mode** trusts no server: every node flips its own coin
 Bonawitz, Gascón, Lepoint and Raykova, *Secure Single-Server Aggregation with (Poly)Logarithmic
 Overhead*, CCS 2020, IACR ePrint 2020/704), and :class:`SecAggCheckInFedAvg` learns only the sum
 and the number of participants; the same check-in accountant applies (population ``n − D`` with
-``D`` tolerated dropouts) under SecAgg+'s assumptions. ``docs/flower.md`` and ``docs/maths.md``
-state both modes' guarantees and assumptions.
+``D`` tolerated dropouts) under SecAgg+'s assumptions. The nodes enforce what the argument needs
+beyond them: reply times padded to ``reply_after`` (a failing or overrunning training sends
+zeros), the rounding drawn inside the mod, and the dropout rule before they unmask; the server
+rejects a decoded sum no honest round produces. ``docs/flower.md`` (its trust model) and
+``docs/maths.md`` state both modes' guarantees and assumptions.
 
 Before the first round the strategy sends every node the privacy parameters alone; a node
 whose mod is missing or disagrees (noise floor, sensitivity convention) stops the run with one
@@ -42,7 +45,9 @@ Parts:
 * :class:`ShuffleCheckInFedAvg`: the check-in FedAvg with shuffler, accountant and budget stop
   (:mod:`.strategy`);
 * :class:`SecAggCheckInMod`, :class:`SecAggCheckInFedAvg`, :func:`secagg_parameters`: the
-  secure-aggregation mode (:mod:`.secagg_mod`, :mod:`.secagg_strategy`, :mod:`.secagg`);
+  secure-aggregation mode (:mod:`.secagg_mod` and the node's checks in :mod:`.secagg_node`;
+  :mod:`.secagg_strategy` with :mod:`.secagg_workflow`, :mod:`.secagg_decode` and
+  :mod:`.secagg_handshake`; :mod:`.secagg`);
 * :class:`PrivacyModeMod`: one ClientApp for both modes (:mod:`.modes`);
 * :func:`check_in`, :func:`shuffle_replies`, :func:`make_rng`: the check-in coins and the
   shuffler (:mod:`.shuffler`);

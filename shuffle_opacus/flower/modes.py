@@ -13,7 +13,7 @@ Use it as the first mod of the ClientApp::
 
     app = ClientApp(mods=[PrivacyModeMod(
         trusted_server=LocalShuffleDPMod(min_noise_multiplier=0.5),
-        secagg=SecAggCheckInMod(min_noise_multiplier=0.5),
+        secagg=SecAggCheckInMod(min_noise_multiplier=0.5, reply_after=30.0),
     )])
 """
 

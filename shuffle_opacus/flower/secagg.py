@@ -12,29 +12,44 @@ range*), maps it to an integer in ``[0, T]`` by unbiased stochastic rounding (``
 *quantisation range*), masks it modulo ``M`` (the *modulus*), and the server recovers the sum
 of the integers modulo ``M`` and maps it back.
 
+On the node, :class:`~shuffle_opacus.flower.SecAggCheckInMod` does the stochastic rounding
+itself (:func:`round_onto_grid`), with a generator seeded from the operating system inside the
+mod, and hands SecAgg+ values that Flower's quantiser maps onto its grid **exactly**, so that
+Flower's own rounding (which draws from numpy's global generator, a generator the training code
+can seed or advance from its data) has nothing left to decide.
+
 :func:`secagg_parameters` chooses every SecAgg+ parameter so that this costs nothing that
 matters:
 
-* **clipping range** ``c = C (1 + σ z)`` with ``z = Φ̄⁻¹(p / (2d))`` and ``p = 10⁻¹²``
+* **clipping range** ``c >= C (1 + σ z)`` with ``z = Φ̄⁻¹(p / (2d))`` and ``p = 10⁻¹²``
   (:data:`CLIPPING_TAIL`): a coordinate of an honest report is a clipped-update coordinate
   (at most ``C`` in absolute value, since the whole update has norm at most ``C``) plus
   ``σC Z`` with ``Z ~ N(0, 1)``; ``P(|Z| > z) = 2 Φ̄(z)``, so by the union bound over the
   ``d`` coordinates a report has a coordinate beyond ``c`` with probability at most ``p``.
   When that happens the coordinate is clipped on the node (post-processing of the node's own
   report, no privacy cost); the expected clipping error of a coordinate is at most
-  ``2 σC (φ(z) − z Φ̄(z))`` (:meth:`SecAggParameters.clipping_bias_bound`);
+  ``2 σC (φ(z') − z' Φ̄(z'))`` with ``z' = (c/C − 1)/σ >= z``
+  (:meth:`SecAggParameters.clipping_bias_bound`);
 * **modulus** ``M = 2³²`` (:data:`MODULUS`; Flower documents ``2³²`` as the largest it
-  supports) and **quantisation range** ``T = M / 2^(⌈log₂ n⌉ + 1)``: each node's integers are
-  at most ``T + 1`` (floating-point rounding can push the top of the range one step over), so
-  the sum of the ``m ≤ n`` nodes of a round is below ``n (T + 1) < M``: **no wrap-around**.
-  The weight factor Flower adds (``T`` per node, since every node reports weight 1 =
-  ``max_weight``) sums to ``m T < M`` as well;
-* **quantisation error**: stochastic rounding moves each coordinate of each report by less
-  than one step ``Δ = 2c / T`` and is unbiased, so the decoded sum of ``m`` reports differs from
-  the plain sum of the ``[-c, c]``-clipped reports by less than ``m Δ`` in every coordinate
-  (standard deviation at most ``Δ √m / 2``), and the averaged update by less than ``m Δ / K``
-  for ``K`` participants (:meth:`SecAggParameters.sum_error_bound`); the count decodes exactly
-  because ``m Δ < c / 2`` (``T > 4n``);
+  supports) and **quantisation range** ``T``, an even number at most
+  ``T_max = M / 2^(⌈log₂ n⌉ + 1)``: each node's integers lie in ``[0, T]``, so the sum of the
+  ``m ≤ n`` nodes of a round is below ``n (T + 1) < M``: **no wrap-around**. The weight factor
+  Flower adds (``T`` per node, since every node reports weight 1 = ``max_weight``) sums to
+  ``m T < M`` as well;
+* **an exact grid**: the step ``Δ = 2c / T`` is a power of two, the smallest with
+  ``2 C (1 + σ z) / Δ <= T_max − 2``, and ``c`` is that target rounded up to a whole number
+  ``j`` of steps (``c = j Δ``, ``T = 2j``; so ``c`` exceeds its target by less than ``Δ`` and
+  ``T > T_max / 2 − 1``). Then for every integer ``k`` in ``[0, T]`` the value
+  ``(k − j) Δ`` is a float64 that Flower's quantiser, ``(x + c) · (T / (2c))``, maps to ``k``
+  with no rounding error at all (sums and products of multiples of a power of two below
+  ``2⁵³ Δ``, and ``T / (2c) = 1/Δ``);
+* **quantisation error**: the node rounds each coordinate of its report (clipped to
+  ``[-c, c]``) to one of the two neighbouring grid values, unbiased, so it moves by less than
+  one step ``Δ``; the decoded sum of ``m`` reports differs from the plain sum of the
+  ``[-c, c]``-clipped reports by less than ``m Δ`` in every coordinate (standard deviation at
+  most ``Δ √m / 2``), and the averaged update by less than ``m Δ / K`` for ``K`` participants
+  (:meth:`SecAggParameters.sum_error_bound`); the count decodes exactly because ``m Δ < c / 2``
+  (``T > 4n``);
 * **shares** ``s`` and **reconstruction threshold** ``t``: Flower places the nodes of a round on
   a ring in random order and makes each node share its secrets with the ``(s − 1) / 2`` nodes
   on each side (all nodes when ``s = n``, which is the SecAgg protocol of Bonawitz, Ivanov,
@@ -67,16 +82,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 from scipy.special import ndtri
 
 from ..analysis._validation import check_int, check_nonnegative, check_positive
 
 __all__ = [
     "CLIPPING_TAIL",
+    "HONEST_SUM_TAIL",
     "MAX_NODES",
     "MIN_SHARES",
     "MODULUS",
     "SecAggParameters",
+    "round_onto_grid",
     "secagg_parameters",
 ]
 
@@ -88,6 +106,9 @@ MODULUS = 2**32
 MIN_SHARES = 9
 #: Largest population of the mode: beyond it ``T > 4n`` fails for ``M = 2³²``.
 MAX_NODES = 10_000
+#: Probability with which the Gaussian part of an honest sum exceeds its bound in
+#: :meth:`SecAggParameters.honest_sum_bound`.
+HONEST_SUM_TAIL = 1e-12
 
 
 @dataclass(frozen=True)
@@ -162,18 +183,52 @@ class SecAggParameters:
     def clipping_bias_bound(self) -> float:
         """Bound on the expected clipping error of one coordinate of an honest report.
 
-        ``E[(|x| − c)₊] <= σC E[(|Z| − z)₊] = 2σC (φ(z) − z Φ̄(z))`` for ``x = u + σC Z`` with
-        ``|u| <= C`` and ``c = C + σC z``.
+        ``E[(|x| − c)₊] <= σC E[(|Z| − z')₊] = 2σC (φ(z') − z' Φ̄(z'))`` for ``x = u + σC Z``
+        with ``|u| <= C`` and ``c = C + σC z'`` (``z' >= z``: ``c`` is rounded up to the grid).
 
         Returns:
             The bound, in parameter units (0 when σ = 0: nothing is ever clipped).
         """
         if self.noise_multiplier == 0.0:
             return 0.0
-        z = self.tail_quantile
+        z = (self.clipping_range / self.clip_norm - 1.0) / self.noise_multiplier
         phi = math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
         tail = 0.5 * math.erfc(z / math.sqrt(2.0))
         return 2.0 * self.noise_multiplier * self.clip_norm * max(phi - z * tail, 0.0)
+
+    def honest_sum_bound(self, num_checked_in: int, num_in_sum: int) -> float:
+        """Bound on the L2 norm of a decoded sum of ``K`` honest reports among ``m`` nodes.
+
+        The sum of ``K`` honest reports is the sum of ``K`` clipped updates (norm at most
+        ``K C``) plus ``N(0, K σ²C² I_d)``, whose norm is below ``σC √K (√d + √(2 ln(1/p)))``
+        except with probability ``p`` = :data:`HONEST_SUM_TAIL` (Laurent and Massart,
+        *Adaptive estimation of a quadratic functional by model selection*, Annals of
+        Statistics 28(5), 2000, Lemma 1); the ``m − K`` nodes that did not check in add exact
+        zeros, and the quantisation moves every coordinate of the sum by less than
+        :meth:`sum_error_bound` ``(m)``. So an honest round's decoded sum (model coordinates,
+        count excluded) exceeds
+
+            ``K C + σC √K (√d + √(2 ln(1/p))) + √d · m Δ (1 + 10⁻⁶)``
+
+        with probability at most ``p + K ·`` :data:`CLIPPING_TAIL` (the second term: some
+        honest coordinate was clipped to ``[-c, c]``).
+
+        Args:
+            num_checked_in: ``K``, the decoded count (integer in ``[0, m]``).
+            num_in_sum: ``m``, the nodes in the sum (integer >= 1).
+
+        Returns:
+            The bound, in parameter units.
+
+        Raises:
+            ValueError: for counts outside their ranges.
+        """
+        m = check_int("num_in_sum", num_in_sum, minimum=1)
+        k = check_int("num_checked_in", num_checked_in, minimum=0, maximum=m)
+        d = self.dimension
+        gaussian = math.sqrt(d) + math.sqrt(2.0 * math.log(1.0 / HONEST_SUM_TAIL))
+        noise = self.noise_multiplier * self.clip_norm * math.sqrt(k) * gaussian
+        return k * self.clip_norm + noise + math.sqrt(d) * self.sum_error_bound(m)
 
     def workflow_arguments(self) -> dict[str, int | float]:
         """Keyword arguments of ``flwr.server.workflow.SecAggPlusWorkflow`` for these values.
@@ -248,8 +303,8 @@ def secagg_parameters(
     if shares >= n:
         shares = n
     threshold = shares // 2 + 1
-    clipping_range = c_norm * (1.0 + sigma * _tail_quantile(d))
-    levels = MODULUS >> (math.ceil(math.log2(n)) + 1)
+    target = c_norm * (1.0 + sigma * _tail_quantile(d))
+    step, half = _grid(target, MODULUS >> (math.ceil(math.log2(n)) + 1))
     return SecAggParameters(
         num_nodes=n,
         max_dropouts=max_dropouts,
@@ -258,7 +313,58 @@ def secagg_parameters(
         noise_multiplier=sigma,
         num_shares=shares,
         threshold=threshold,
-        clipping_range=clipping_range,
-        quantization_range=levels,
+        clipping_range=half * step,
+        quantization_range=2 * half,
         modulus_range=MODULUS,
     )
+
+
+def _grid(target: float, top: int) -> tuple[float, int]:
+    """Return ``(Δ, j)``, the step and the half range of the grid.
+
+    ``Δ`` is the smallest power of two with ``2 target / Δ <= top − 2`` and
+    ``j = ⌈target / Δ⌉``, so that ``c = j Δ >= target`` and ``T = 2j <= top``.
+    """
+    step = 2.0 ** math.ceil(math.log2(2.0 * target / (top - 2)))
+    while 2.0 * target / step > top - 2:
+        step *= 2.0
+    while 2.0 * target / (step / 2.0) <= top - 2:
+        step /= 2.0
+    return step, math.ceil(target / step)
+
+
+def round_onto_grid(
+    values: list[np.ndarray], parameters: SecAggParameters, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Round a report stochastically onto SecAgg+'s grid, with the caller's generator.
+
+    Each coordinate is clipped to ``[-c, c]``, then replaced by one of the two neighbouring
+    grid values ``(k − j) Δ`` (``k`` in ``0 .. T``, ``j = T / 2``), the upper one with
+    probability equal to the coordinate's distance above the lower one in steps: unbiased,
+    and off by less than ``Δ``. Flower's quantiser maps each result onto ``k`` exactly (see the
+    module docstring), so its own stochastic rounding, which draws from numpy's global
+    generator, changes nothing.
+
+    Args:
+        values: The report's arrays (finite floats).
+        parameters: The run's :class:`SecAggParameters`.
+        rng: The generator of the rounding (the mod's, seeded from the operating system).
+
+    Returns:
+        float64 arrays of the same shapes, on the grid.
+
+    Raises:
+        ValueError: for a non-finite value.
+    """
+    c, step, top = parameters.clipping_range, parameters.step, parameters.quantization_range
+    half = top // 2
+    out = []
+    for value in values:
+        x = np.asarray(value, dtype=np.float64)
+        if not np.all(np.isfinite(x)):
+            raise ValueError("round_onto_grid needs finite values.")
+        position = (np.clip(x, -c, c) + c) / step
+        low = np.floor(position)
+        k = np.clip(low + (rng.random(position.shape) < position - low), 0, top)
+        out.append((k - half) * step)
+    return out

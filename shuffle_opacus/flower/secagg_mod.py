@@ -3,7 +3,7 @@
 :class:`SecAggCheckInMod` is the privacy mod of the ``secagg`` mode; use it as the first (or
 only) mod of the ``ClientApp``::
 
-    app = ClientApp(mods=[SecAggCheckInMod(min_noise_multiplier=0.5)])
+    app = ClientApp(mods=[SecAggCheckInMod(min_noise_multiplier=0.5, reply_after=30.0)])
 
 It wraps Flower's own ``flwr.client.mod.secaggplus_mod`` (the client side of SecAgg+, Bell,
 Bonawitz, Gascón, Lepoint and Raykova, *Secure Single-Server Aggregation with
@@ -23,16 +23,26 @@ stage the node
    ones :func:`~shuffle_opacus.flower.secagg.secagg_parameters` derives from those values;
 2. flips its own check-in coin with probability γ from the operating system's secure source
    (:class:`random.SystemRandom`); the coin never leaves the node;
-3. runs the training code (also when the coin says no, unless ``train_when_absent=False``, so
-   that its reply time does not depend on the coin; with ``reply_after`` it also waits until a
-   fixed time, so that the reply time does not depend on how long the training took on its
-   data either), computes the update over all arrays,
-   clips it to norm ``C`` (a failed or non-finite training gives the zero update, which is in
-   the ball) and draws ``N(0, σ²C²)`` for every coordinate (always, for the same reason);
-4. returns, for SecAgg+ to mask, the vector ``b (clipped update + noise)`` and the count
-   coordinate ``b c`` where ``b`` is 1 if it checked in and 0 otherwise, and ``c`` is the
-   clipping range. The plain part of its reply (weight 1 and the echo of step 1) is the same
-   whatever ``b`` is; the training code's metrics and records never leave the node.
+3. runs the training code (also when the coin says no, unless ``train_when_absent=False``)
+   in a worker thread and waits for it until ``reply_after`` seconds after the instruction
+   arrived (the **padding**, required). A training that raises, returns something that is not
+   the model, returns non-finite weights, or is still running at that time gives the **zero
+   update**: the node stays in the sum (its failure is invisible to the server, which sees the
+   same reply at the same time) and notes it in its local record and log
+   (:func:`~shuffle_opacus.flower.secagg_node.local_report`);
+4. waits until ``reply_after``; then computes the update over all arrays, clips it to norm
+   ``C``, draws ``N(0, σ²C²)`` for every coordinate (always, so that the work does not depend
+   on the coin), rounds ``b (clipped update + noise)`` and the count coordinate ``b c`` (``b``
+   is 1 if it checked in and 0 otherwise, ``c`` the clipping range) stochastically onto
+   SecAgg+'s grid (:func:`~shuffle_opacus.flower.secagg.round_onto_grid`), and returns the
+   result for SecAgg+ to mask. That work is the same for any data and comes after the
+   padding, so a node whose training overran replies when the others do. The plain part of
+   its reply (weight 1 and the echo of step 1) is the same whatever ``b`` is; the training
+   code's metrics and records never leave the node.
+
+In the unmasking stage the node first checks the dropout rule itself: it sends no shares
+unless the server names the nodes missing from the sum and there are at most ``D`` of them
+(:func:`~shuffle_opacus.flower.secagg_node.unmask_problem`).
 
 So the server receives, per node, a masked vector and a fixed echo, and SecAgg+ lets it recover
 only the sum over the nodes of the round: the sum of the participants' reports and their
@@ -45,10 +55,19 @@ ClientApp's code; a SuperNode's operator can raise the floor with ``--node-confi
 "max-checkin-rate=..."``. A server cannot make the node add less noise or check in more often
 than the node allows, and the strategy accounts with exactly the values the nodes echo.
 
-Randomness: coin and noise come from the operating system (the noise through numpy's PCG64
-seeded with 128 fresh bits), unless ``seed`` is given (tests only). Flower's stochastic rounding
-uses numpy's global generator; it acts after the noise, on the node's own report, so it is
-post-processing whatever its source.
+The padding: ``reply_after`` is fixed in the ClientApp's code; a SuperNode's operator can
+raise it with ``--node-config "reply-after=..."``. Choose it above the slowest training the node
+can have (measure it on the node's largest dataset) and below the server's stage timeout. A
+training still running then is abandoned for the round (it keeps running in its thread, with
+the node's ``Context``, and its result is discarded), so the reply leaves at the same time
+whatever the data; while it runs it competes with the node's later work for the machine, which
+is why ``reply_after`` should stay above the slowest training rather than rely on this.
+
+Randomness: coin, noise and rounding come from the operating system (noise and rounding
+through numpy's PCG64 seeded with 128 fresh bits inside the mod), unless ``seed`` is given
+(tests only). Flower's own stochastic rounding draws from numpy's global generator, which the
+training code can seed or advance from its data; it receives values already on its grid, which
+it maps exactly, so that generator decides nothing.
 """
 
 from __future__ import annotations
@@ -57,6 +76,7 @@ import logging
 import math
 import random
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -75,11 +95,10 @@ from flwr.app import (
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Code, FitRes, Status, bytes_to_ndarray, ndarrays_to_parameters
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE as SA_STATE
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.compat.common import recorddict_compat as compat
 
-from ..analysis._validation import check_int, check_nonnegative, check_probability
+from ..analysis._validation import check_int, check_nonnegative, check_positive, check_probability
 from ..protocols import resolve_sensitivity
 from .config import (
     ARRAY_NAMES_KEY,
@@ -94,23 +113,29 @@ from .config import (
     secagg_echo,
 )
 from .mod import REFUSED, clip_factor, node_noise_floor
-from .secagg import SecAggParameters, secagg_parameters
+from .secagg import round_onto_grid, secagg_parameters
+from .secagg_node import note, open_round, secagg_setup_problems, unmask_problem
 
 __all__ = [
     "CEILING_NODE_CONFIG_KEY",
     "FITINS_ARRAYS",
     "FITINS_CONFIG",
+    "PADDING_NODE_CONFIG_KEY",
     "SecAggCheckInMod",
 ]
 
 #: ``--node-config`` key with which a SuperNode's operator can lower the check-in ceiling.
 CEILING_NODE_CONFIG_KEY = "max-checkin-rate"
+#: ``--node-config`` key with which a SuperNode's operator can raise the padding.
+PADDING_NODE_CONFIG_KEY = "reply-after"
 #: Record keys of Flower's legacy training instruction (``FitIns``), which SecAgg+ uses.
 FITINS_ARRAYS = "fitins.parameters"
 FITINS_CONFIG = "fitins.config"
 
 _LOG = logging.getLogger(__name__)
 _PREFIX = "shuffle-model secagg mod: "
+#: How the mod waits out its padding (tests replace it to skip the wait).
+_SLEEP = time.sleep
 Mod = Callable[[Message, Context, ClientAppCallable], Message]
 
 
@@ -118,14 +143,15 @@ class SecAggCheckInMod:
     """Node-side check-in, clip and noise under Flower's SecAgg+ (see the module docstring).
 
     Example:
-        ``app = ClientApp(mods=[SecAggCheckInMod(min_noise_multiplier=0.5, max_rate=0.5)])``
+        ``app = ClientApp(mods=[SecAggCheckInMod(min_noise_multiplier=0.5, reply_after=30.0)])``
 
     Attributes:
         min_noise_multiplier: The noise floor fixed in code.
         max_rate: The check-in ceiling fixed in code.
         sensitivity: The sensitivity convention (in units of ``C``) the node agrees to.
         train_when_absent: Whether the training code runs in rounds the node sits out.
-        reply_after: Seconds after the masked-vector instruction before the node replies.
+        reply_after: Seconds after the masked-vector instruction at which the node replies
+            (the padding fixed in code), or a function of the node's Context returning them.
         allow_noiseless: Whether σ = 0 is accepted (tests only).
         seed: Seed of coins and noise (tests only; ``None``: the operating system).
         secure_aggregation_mod: Flower's ``secaggplus_mod`` (replaceable for instrumentation
@@ -136,10 +162,10 @@ class SecAggCheckInMod:
         self,
         *,
         min_noise_multiplier: float,
+        reply_after: float | Callable[[Context], float],
         max_rate: float = 1.0,
         sensitivity: float | str = "replace-one",
         train_when_absent: bool = True,
-        reply_after: float = 0.0,
         allow_noiseless: bool = False,
         seed: int | None = None,
         secure_aggregation_mod: Mod = secaggplus_mod,
@@ -149,20 +175,22 @@ class SecAggCheckInMod:
         Args:
             min_noise_multiplier: Smallest σ the node accepts (>= 0); a SuperNode can raise it
                 with the node config key ``min-noise-multiplier``.
+            reply_after: Seconds (> 0, required) after the masked-vector instruction arrived at
+                which the node hands its report to SecAgg+, whatever its training took, so that
+                the time of its reply does not depend on its data (e.g. its number of
+                examples). A training still running then is abandoned for the round: the node
+                sends the zero update (see the module docstring). Choose it above the slowest
+                training of the node and below the server's stage timeout; a SuperNode can
+                raise it with the node config key ``reply-after``. It may also be a function
+                of the node's ``Context`` returning those seconds (e.g. from the run config's
+                workload); it must not depend on the node's data.
             max_rate: Largest check-in rate γ the node accepts, in ``(0, 1]``; a SuperNode can
                 lower it with the node config key ``max-checkin-rate``.
             sensitivity: ``"replace-one"`` (default), ``"paper"`` or a number in ``[1, 2]``.
             train_when_absent: Run the training code in every round and discard its result
-                when the node did not check in (default), so that the time of the node's reply
-                does not tell whether it checked in. ``False`` saves that work but lets whoever
-                sees reply times (the server, the SuperLink, the network) learn who checked in,
-                which the analysis does not allow.
-            reply_after: Seconds (>= 0) that the masked-vector step takes at least: the node
-                waits until then before handing its report to SecAgg+, so that the time of its
-                reply does not depend on how long its training took (and so on its data, e.g.
-                its number of examples). 0 (default) replies as soon as the report is ready.
-                Choose it above the slowest training and below the server's stage timeout; a
-                training that takes longer replies late (logged on the node).
+                when the node did not check in (default), so that the work the node does (and
+                any side effect of its training code) does not tell whether it checked in.
+                ``False`` saves that work; the padding still hides it from reply times.
             allow_noiseless: Accept σ = 0 (the clipped updates then enter the sum without
                 noise; tests only).
             seed: Integer >= 0 for reproducible coins and noise per node and round (tests
@@ -182,7 +210,9 @@ class SecAggCheckInMod:
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False. Found {value!r}.")
         self.train_when_absent = train_when_absent
-        self.reply_after = check_nonnegative("reply_after", reply_after)
+        self.reply_after = (
+            reply_after if callable(reply_after) else check_positive("reply_after", reply_after)
+        )
         self.allow_noiseless = allow_noiseless
         self.seed = None if seed is None else check_int("seed", seed, minimum=0)
         if not callable(secure_aggregation_mod):
@@ -214,6 +244,22 @@ class SecAggCheckInMod:
         node_ceiling = check_probability(f"node config {CEILING_NODE_CONFIG_KEY}", configured)
         return min(self.max_rate, node_ceiling)
 
+    def padding(self, context: Context) -> float:
+        """Return the node's padding in seconds: the larger of the code's and the node config's.
+
+        Raises:
+            ValueError: if ``reply_after(context)`` or the node config's ``reply-after`` is not
+                a finite number > 0.
+        """
+        if callable(self.reply_after):
+            seconds = check_positive("reply_after(context)", self.reply_after(context))
+        else:
+            seconds = self.reply_after
+        configured = context.node_config.get(PADDING_NODE_CONFIG_KEY)
+        if configured is None:
+            return seconds
+        return max(seconds, check_positive(f"node config {PADDING_NODE_CONFIG_KEY}", configured))
+
     # --- messages -------------------------------------------------------------------------
 
     def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -225,7 +271,14 @@ class SecAggCheckInMod:
                 f"this node answers only training instructions of the secure-aggregation mode "
                 f"(got {msg.metadata.message_type!r})",
             )
-        if RECORD_KEY_CONFIGS in msg.content.config_records:
+        configs = msg.content.config_records.get(RECORD_KEY_CONFIGS)
+        if configs is not None:
+            if configs.get(Key.STAGE) == Stage.UNMASK:
+                problem = unmask_problem(configs, context)
+                if problem is not None:
+                    note(context, "refused-unmask")
+                    _LOG.warning("refusing to unmask: %s", problem)
+                    return _refuse(msg, f"no unmasking shares: {problem}")
 
             def contribute(inner: Message, ctx: Context) -> Message:
                 return self._contribute(inner, ctx, call_next)
@@ -278,7 +331,7 @@ class SecAggCheckInMod:
         return privacy, int(cast(int, num_nodes)), int(cast(int, max_dropouts))
 
     def _contribute(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-        """Return the report of the masked-input stage, which SecAgg+ quantises and masks.
+        """Return the report of the masked-input stage, which SecAgg+ masks.
 
         Raises:
             ValueError: to leave the round when the instruction is refused (step 1).
@@ -288,6 +341,7 @@ class SecAggCheckInMod:
         if record is None or FITINS_ARRAYS not in msg.content.array_records:
             raise ValueError(_PREFIX + "the SecAgg+ instruction carries no training instruction")
         try:
+            deadline = started + self.padding(context)
             privacy, num_nodes, max_dropouts = self._read(record, context)
             names, received = _received(record, msg.content.array_records[FITINS_ARRAYS])
             params = secagg_parameters(
@@ -297,16 +351,27 @@ class SecAggCheckInMod:
                 noise_multiplier=privacy.noise_multiplier,
                 max_dropouts=max_dropouts,
             )
-            _check_secagg_state(context, params)
+            problems = secagg_setup_problems(context, params)
+            if problems:
+                raise ValueError(
+                    "the SecAgg+ set-up differs from the parameters derived from this run's "
+                    f"(C, sigma, n, D, d): {'; '.join(problems)}"
+                )
         except ValueError as exc:
             raise ValueError(_PREFIX + str(exc)) from None
         server_round = record.get("server-round", 0)
-        rng, checked_in = self._draw(context, privacy.rate, server_round)
+        round_key = int(server_round) if isinstance(server_round, int) else 0
+        rng, checked_in = self._draw(context, privacy.rate, round_key)
         update = {name: np.zeros(a.shape) for name, a in received.items()}
         if checked_in or self.train_when_absent:
-            trained = self._train(msg, context, call_next, record, received)
+            trained = self._train_until(deadline, msg, context, call_next, record, received)
             if trained is not None:
                 update = trained
+        # Wait out the padding before the node's own work, which is the same for any data, so
+        # that every node replies that work's time after reply_after, overrun or not.
+        left = deadline - time.monotonic()
+        if left > 0:
+            _SLEEP(left)
         norm = math.sqrt(math.fsum(float(np.sum(u * u)) for u in update.values()))
         scale = clip_factor(norm, privacy.clip_norm)
         std = privacy.noise_std
@@ -316,12 +381,10 @@ class SecAggCheckInMod:
             noise = rng.normal(0.0, std, size=update[name].shape) if std > 0 else 0.0
             report.append(indicator * (scale * update[name] + noise))
         report.append(np.array([indicator * params.count_value]))
+        report = round_onto_grid(report, params, rng)
         echo = secagg_echo(privacy, num_nodes=num_nodes, max_dropouts=max_dropouts)
-        elapsed = time.monotonic() - started
-        if elapsed < self.reply_after:
-            time.sleep(self.reply_after - elapsed)
-        elif self.reply_after > 0:
-            _LOG.warning("the round took %.1f s, longer than reply_after", elapsed)
+        note(context, "rounds")
+        open_round(context, round_key, num_nodes, max_dropouts)
         fitres = FitRes(
             status=Status(code=Code.OK, message=""),
             parameters=ndarrays_to_parameters(report),
@@ -330,55 +393,99 @@ class SecAggCheckInMod:
         )
         return Message(compat.fitres_to_recorddict(fitres, keep_input=False), reply_to=msg)
 
-    def _draw(self, context: Context, rate: float, server_round: Any) -> tuple[Any, bool]:
-        """Return the noise generator and the node's check-in coin for this round."""
+    def _draw(self, context: Context, rate: float, server_round: int) -> tuple[Any, bool]:
+        """Return the generator of noise and rounding and the node's check-in coin."""
         if self.seed is None:
             coin = random.SystemRandom().random() < rate
             return np.random.default_rng(secrets.randbits(128)), coin
-        round_key = int(server_round) if isinstance(server_round, int) else 0
         sequence = np.random.SeedSequence(
-            self.seed, spawn_key=(int(context.node_id) % 2**64, max(round_key, 0))
+            self.seed, spawn_key=(int(context.node_id) % 2**64, max(server_round, 0))
         )
         rng = np.random.default_rng(sequence)
         return rng, bool(rng.random() < rate)
 
-    def _train(
+    def _train_until(
         self,
+        deadline: float,
         msg: Message,
         context: Context,
         call_next: ClientAppCallable,
         record: ConfigRecord,
         received: dict[str, np.ndarray],
     ) -> dict[str, np.ndarray] | None:
-        """Run the training code on a Message-API instruction; return the update or ``None``."""
-        content = RecordDict(
-            {
-                "arrays": ArrayRecord({name: Array(a) for name, a in received.items()}),
-                "config": ConfigRecord(dict(record)),
-            }
-        )
-        # flwr 1.41's overloads omit the (content, metadata) constructor its own runtime uses.
-        inner = Message(content=content, metadata=msg.metadata)  # type: ignore[call-overload]
-        try:
-            reply = call_next(inner, context)
-            if reply.has_error():
-                raise ValueError(f"the training code replied with an error: {reply.error.reason}")
-            arrays = list(reply.content.array_records.values())
-            if len(arrays) != 1 or set(arrays[0].keys()) != set(received):
-                raise ValueError("the training code must reply with one ArrayRecord of the model")
-            update = {}
-            for name, base in received.items():
-                value = np.asarray(arrays[0][name].numpy(), dtype=np.float64)
-                if value.shape != base.shape:
-                    raise ValueError(f"array {name!r} came back with shape {value.shape}")
-                update[name] = value - base.astype(np.float64)
-        except Exception:  # noqa: BLE001 - nothing of it leaves the node
-            _LOG.exception("training failed; this node contributes the zero update this round")
+        """Run the training code in a thread until ``deadline``; return the update or ``None``.
+
+        ``None`` (the zero update) when the training raised, returned something that is not
+        the model, returned non-finite weights, or was still running at the deadline; each is
+        logged on the node and counted in its local record. Nothing of it leaves the node.
+        """
+        outcome: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                outcome["update"] = _train(msg, context, call_next, record, received)
+            except BaseException as exc:  # noqa: BLE001 - nothing of it leaves the node
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=work, name="shuffle-dp-training", daemon=True)
+        thread.start()
+        thread.join(max(deadline - time.monotonic(), 0.0))
+        if thread.is_alive():
+            note(context, "training-overran")
+            _LOG.error(
+                "training still running at reply_after (%.3g s): this node contributes the "
+                "zero update this round (raise reply_after above the slowest training)",
+                self.padding(context),
+            )
             return None
+        if "error" in outcome:
+            note(context, "training-failed")
+            _LOG.error(
+                "training failed; this node contributes the zero update this round",
+                exc_info=outcome["error"],
+            )
+            return None
+        update: dict[str, np.ndarray] = outcome["update"]
         if not all(np.all(np.isfinite(u)) for u in update.values()):
-            _LOG.warning("non-finite update replaced by zero")
+            note(context, "non-finite-update")
+            _LOG.error("non-finite update: this node contributes the zero update this round")
             return None
         return update
+
+
+def _train(
+    msg: Message,
+    context: Context,
+    call_next: ClientAppCallable,
+    record: ConfigRecord,
+    received: dict[str, np.ndarray],
+) -> dict[str, np.ndarray]:
+    """Run the training code on a Message-API instruction; return its update (float64).
+
+    Raises:
+        ValueError: if the training code replies with an error or not with the model.
+    """
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({name: Array(a) for name, a in received.items()}),
+            "config": ConfigRecord(dict(record)),
+        }
+    )
+    # flwr 1.41's overloads omit the (content, metadata) constructor its own runtime uses.
+    inner = Message(content=content, metadata=msg.metadata)  # type: ignore[call-overload]
+    reply = call_next(inner, context)
+    if reply.has_error():
+        raise ValueError(f"the training code replied with an error: {reply.error.reason}")
+    arrays = list(reply.content.array_records.values())
+    if len(arrays) != 1 or set(arrays[0].keys()) != set(received):
+        raise ValueError("the training code must reply with one ArrayRecord of the model")
+    update = {}
+    for name, base in received.items():
+        value = np.asarray(arrays[0][name].numpy(), dtype=np.float64)
+        if value.shape != base.shape:
+            raise ValueError(f"array {name!r} came back with shape {value.shape}")
+        update[name] = value - base.astype(np.float64)
+    return update
 
 
 def _settings_record(records: Any) -> ConfigRecord:
@@ -409,32 +516,6 @@ def _received(record: ConfigRecord, arrays: ArrayRecord) -> tuple[list[str], dic
             raise ValueError(f"array {name!r} has dtype {value.dtype}; only floats are noised")
         received[str(name)] = value
     return [str(n) for n in names], received
-
-
-def _check_secagg_state(context: Context, params: SecAggParameters) -> None:
-    """Compare the SecAgg+ set-up this node received with the derived parameters."""
-    state = context.state.config_records.get(SA_STATE)
-    if state is None:
-        raise ValueError("no SecAgg+ set-up on this node")
-    expected: dict[str, Any] = {
-        "sample_num": params.num_nodes,
-        "share_num": params.num_shares,
-        "threshold": params.threshold,
-        "target_range": params.quantization_range,
-        "mod_range": params.modulus_range,
-    }
-    problems = [
-        f"{k} = {state.get(k)!r}, expected {v!r}" for k, v in expected.items() if state.get(k) != v
-    ]
-    for key, want in (("clipping_range", params.clipping_range), ("max_weight", 1.0)):
-        got = state.get(key)
-        if not isinstance(got, float) or not math.isclose(got, want, rel_tol=1e-9):
-            problems.append(f"{key} = {got!r}, expected {want!r}")
-    if problems:
-        raise ValueError(
-            "the SecAgg+ set-up differs from the parameters derived from this run's "
-            f"(C, sigma, n, D, d): {'; '.join(problems)}"
-        )
 
 
 def _refuse(msg: Message, reason: str) -> Message:

@@ -16,8 +16,14 @@ secure aggregation. So this class is a legacy ``Strategy`` (``configure_fit`` in
 node; ``aggregate_fit`` receives the SecAgg+ sum, never an individual report) and
 :meth:`SecAggCheckInFedAvg.start` drives the rounds itself, as Flower's ``DefaultWorkflow``
 does, with a budget check before each round and the start-up check before the first
-(``DefaultWorkflow`` can do neither). The workflow is Flower's, with one addition: it halts a
-round before unmasking when fewer than ``n − D`` nodes sent their masked vectors.
+(``DefaultWorkflow`` can do neither). The workflow is Flower's with the additions of
+:class:`~shuffle_opacus.flower.secagg_workflow.SecAggWorkflow`: it halts a round before
+unmasking when fewer than ``n − D`` nodes sent their masked vectors, names the missing nodes in
+every unmasking instruction (so that the nodes check the same rule, and refuse to unmask), and
+checks every reply's form before Flower reads it (a malformed reply ends the run with one line,
+the round's metrics and a stop reason). The decoded sum is checked against what honest nodes
+can produce (:func:`~shuffle_opacus.flower.secagg_decode.decode_sum`); a sum that fails is not
+applied, and the round says so (``sum-rejected``, :attr:`SecAggCheckInFedAvg.skip_reasons`).
 
 Privacy statement (user level, replace-one of one node's whole dataset). Under the assumptions
 below, the released models and round metrics are (ε, δ)-DP with the ε reported, which is the
@@ -30,23 +36,26 @@ population ``n − D``, rate γ and the nodes' σ:
   acts on each report alone and the sum is symmetric); so the view is post-processing of the
   shuffled check-in output, and the check-in analysis applies (``docs/maths.md``);
 * every node runs :class:`~shuffle_opacus.flower.SecAggCheckInMod` and flips its coin with
-  operating-system randomness; every node takes part in every round's sum and trains in every
-  round; reply times do not depend on the data (the mod's ``reply_after`` pads them);
-* a node is missing from a round's sum (a dropout) independently of its data and its coin, at
-  most ``D`` nodes are missing, and a round with more is halted before its sum is unmasked;
-* SecAgg+'s assumptions hold: the server (and the SuperLink) is honest but curious, and fewer
-  than ``t`` nodes of any neighbourhood collude with it (see ``docs/flower.md`` for the
-  weakness of Flower 1.41's mask generator).
+  operating-system randomness; every node takes part in every round's sum; reply times do not
+  depend on the data (the mod pads the masked-vector step to its ``reply_after``, and a
+  training that fails or overruns gives the zero update at that time instead of a dropout);
+  the rounding is drawn inside the mod, from the operating system;
+* a node is missing from a round's sum (a dropout) independently of its data and its coin, and
+  at most ``D`` nodes are missing: the server halts a round with more before unmasking, and
+  the honest nodes refuse to unmask it themselves;
+* SecAgg+'s assumptions hold: the server (and the SuperLink) follows SecAgg+ (it sends every
+  node the same, true statement of who is in the sum; it need not follow the dropout rule), and
+  fewer than ``t`` nodes of any neighbourhood collude with it (see ``docs/flower.md`` for the
+  weakness of Flower 1.41's mask generator), and the ``n`` nodes exist.
 
 Client-side evaluation is not part of the protocol: no evaluation instruction is sent.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from logging import INFO, WARNING
+from logging import DEBUG, INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -55,8 +64,6 @@ from flwr.app import (
     ArrayRecord,
     ConfigRecord,
     Context,
-    Message,
-    MessageType,
     MetricRecord,
     RecordDict,
 )
@@ -77,7 +84,6 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.server.compat.legacy_context import LegacyContext
 from flwr.server.strategy import Strategy
-from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
@@ -88,7 +94,6 @@ from ..protocols import HistoryEntry, get_protocol
 from .config import (
     ARRAY_NAMES_KEY,
     CONFIG_KEYS,
-    ECHO_RECORD_KEY,
     HANDSHAKE_KEY,
     MAX_DROPOUTS_KEY,
     MODE_KEY,
@@ -97,8 +102,10 @@ from .config import (
     echo_differences,
     secagg_echo,
 )
-from .mod import REFUSED
 from .secagg import SecAggParameters, secagg_parameters
+from .secagg_decode import decode_sum
+from .secagg_handshake import check_nodes
+from .secagg_workflow import SecAggWorkflow
 from .strategy import CheckInAccounting, ProtocolViolationError, wait_for_population
 
 __all__ = ["SECAGG_ROUND_METRIC_KEYS", "SecAggCheckInFedAvg"]
@@ -115,57 +122,9 @@ SECAGG_ROUND_METRIC_KEYS: tuple[str, ...] = (
     "num-in-sum",
     "num-dropped",
     "num-checked-in",
+    "sum-rejected",
+    "rounds-rejected",
 )
-
-_STAGES = ("setup", "share keys", "collect masked vectors", "unmask")
-
-
-class _Workflow(SecAggPlusWorkflow):
-    """Flower's SecAgg+ workflow, halting before unmasking a sum of fewer than ``min_in_sum``.
-
-    It also keeps, for the last round, the stage where the round halted and the distinct
-    reasons of the nodes' error replies (no node identities).
-    """
-
-    def __init__(self, *, min_in_sum: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.min_in_sum = min_in_sum
-        self.halted_at: str | None = None
-        self.reasons: set[str] = set()
-
-    def __call__(self, grid: Grid, context: Context) -> None:
-        self.halted_at = None
-        self.reasons = set()
-        super().__call__(grid, context)
-
-    def _watch(self, stage: str, ok: bool, state: Any) -> bool:
-        for failure in state.failures:
-            error = failure.args[0] if failure.args else failure
-            self.reasons.add(str(getattr(error, "reason", error)))
-        if not ok and self.halted_at is None:
-            self.halted_at = stage
-        return ok
-
-    def setup_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
-        return self._watch(_STAGES[0], super().setup_stage(grid, context, state), state)
-
-    def share_keys_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
-        return self._watch(_STAGES[1], super().share_keys_stage(grid, context, state), state)
-
-    def collect_masked_vectors_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
-        ok = super().collect_masked_vectors_stage(grid, context, state)
-        if ok and len(state.active_node_ids) < self.min_in_sum:
-            log(
-                WARNING,
-                "only %d masked vectors, fewer than n - D = %d: the sum is not unmasked",
-                len(state.active_node_ids),
-                self.min_in_sum,
-            )
-            ok = False
-        return self._watch(_STAGES[2], ok, state)
-
-    def unmask_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
-        return self._watch(_STAGES[3], super().unmask_stage(grid, context, state), state)
 
 
 class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
@@ -182,6 +141,9 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
         epsilons: ε after each round that ran, by round number.
         round_metrics: The metrics of each round (:data:`SECAGG_ROUND_METRIC_KEYS`).
         stop_reason: Why :meth:`start` ended before ``num_rounds`` (``None`` otherwise).
+        skip_reasons: Why the update of a round was not applied, by round number (its
+            decoded sum failed :func:`~shuffle_opacus.flower.secagg_decode.decode_sum`).
+        rounds_rejected: Number of rounds whose decoded sum was rejected.
     """
 
     def __init__(
@@ -236,6 +198,8 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
         self.epsilons: dict[int, float] = {}
         self.round_metrics: dict[int, dict[str, float | int]] = {}
         self.stop_reason: str | None = None
+        self.skip_reasons: dict[int, str] = {}
+        self.rounds_rejected = 0
         self._unprotected_rounds = 0
         self._grid: Grid | None = None
         self._model: ArrayRecord | None = None
@@ -305,21 +269,22 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """Decode the secure sum and the count; move the model by their ratio; record ε.
+        """Decode and check the secure sum and the count; move the model by their ratio.
 
         SecAgg+ hands every result the same aggregate: the mean over the ``m`` nodes whose
-        masked vectors entered the sum. ``m`` times it is the sum of their reports; the last
-        coordinate divided by the clipping range is ``K``, the number of nodes that checked in
-        (exact: its error is below 1/2). The new model is the model sent plus the sum of the
-        reports divided by ``K`` (unchanged when ``K = 0``). Each result's plain part (weight
-        and echo) must be the one a node running the mod sends.
+        masked vectors entered the sum. :func:`~shuffle_opacus.flower.secagg_decode.decode_sum`
+        turns it into the sum of the reports and ``K``, the number of nodes that checked in,
+        and checks them against what honest nodes produce. An accepted sum moves the model by
+        the sum divided by ``K`` (not at all when ``K = 0``); a rejected one leaves the model
+        as it is, sets ``sum-rejected = 1`` and records the reason in :attr:`skip_reasons`.
+        Each result's plain part (weight and echo) must be the one a node running the mod
+        sends. The round is accounted either way.
 
         Returns:
             ``(None, metrics)``: the model is kept by the strategy (with its array names).
 
         Raises:
-            ProtocolViolationError: for a reply that does not fit the protocol or a count that
-                does not decode.
+            ProtocolViolationError: for a reply whose plain part does not fit the protocol.
         """
         if server_round != self._open_round or self._model is None or self.parameters is None:
             return None, {}
@@ -335,76 +300,55 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
                     f"parameters ({'; '.join(problems)}). Does every node run SecAggCheckInMod?"
                 )
         m = len(results)
-        names = list(self._model.keys())
+        shapes = [tuple(a.shape) for a in self._model.values()]
         mean = parameters_to_ndarrays(results[0][1].parameters)
-        total, count = self.decode(server_round, mean, m)
-        if count > 0:
-            updated = {}
-            for i, name in enumerate(names):
-                base = self._model[name].numpy()
-                value = base.astype(np.float64) + total[i] / count
-                updated[name] = Array(np.asarray(value, dtype=base.dtype))
-            self._model = ArrayRecord(updated)
+        try:
+            decoded = decode_sum(mean, m, shapes, self.parameters)
+        except ValueError as exc:
+            raise ProtocolViolationError(f"round {server_round}: {exc}.") from None
         epsilon = self.epsilon()
         self.epsilons[server_round] = epsilon
-        values: dict[str, float | int] = {
-            "epsilon": epsilon,
-            "delta": self.privacy.delta,
-            "rounds-accounted": self.rounds_accounted,
-            "num-nodes": self.num_nodes,
-            "population": self.population,
-            "num-in-sum": m,
-            "num-dropped": self.num_nodes - m,
-            "num-checked-in": count,
-        }
+        count = decoded.count
+        if decoded.rejected:
+            self.rounds_rejected += 1
+            self.skip_reasons[server_round] = (
+                f"round {server_round}: the decoded sum was rejected ({decoded.problem}); the "
+                f"round is accounted (epsilon = {epsilon:.6g}) and the model is unchanged"
+            )
+            log(WARNING, "%s", self.skip_reasons[server_round])
+        elif count:
+            updated = {}
+            for name, total in zip(self._model.keys(), decoded.sums, strict=True):
+                base = self._model[name].numpy()
+                value = base.astype(np.float64) + total / count
+                updated[name] = Array(np.asarray(value, dtype=base.dtype))
+            self._model = ArrayRecord(updated)
+        values = self._metrics(m, -1 if count is None else count, int(decoded.rejected))
         self.round_metrics[server_round] = values
         log(
             INFO,
-            "round %d: %d nodes in the secure sum, %d checked in, epsilon = %.6g (delta = %g)",
+            "round %d: %d nodes in the secure sum, %s checked in, epsilon = %.6g (delta = %g)",
             server_round,
             m,
-            count,
+            "?" if count is None else count,
             epsilon,
             self.privacy.delta,
         )
         return None, dict(values)
 
-    def decode(
-        self, server_round: int, aggregate: list[np.ndarray], num_in_sum: int
-    ) -> tuple[list[np.ndarray], int]:
-        """Turn SecAgg+'s aggregate into the sum of the reports and the number ``K``.
-
-        Args:
-            server_round: The round (for messages).
-            aggregate: What SecAgg+ returns: the mean over the ``m`` nodes in the sum, one
-                array per model array and the count coordinate last.
-            num_in_sum: ``m``.
-
-        Returns:
-            ``(sums, K)``: ``m`` times each model array of the aggregate (float64), and the
-            count coordinate's sum divided by the clipping range, rounded (its error is
-            below ``m Δ / c < 1/2``).
-
-        Raises:
-            ProtocolViolationError: if the shapes are not the model's or the count is not a
-                whole number of nodes in ``[0, m]``.
-        """
-        if self._model is None or self.parameters is None:
-            raise ProtocolViolationError("decode needs the run's model and SecAgg+ parameters.")
-        shapes = [tuple(a.shape) for a in self._model.values()]
-        if len(aggregate) != len(shapes) + 1 or [a.shape for a in aggregate[:-1]] != shapes:
-            raise ProtocolViolationError(
-                f"round {server_round}: the secure sum does not have the model's shapes."
-            )
-        total = [num_in_sum * np.asarray(a, dtype=np.float64) for a in aggregate]
-        count_raw = float(total[-1].reshape(-1)[0]) / self.parameters.count_value
-        count = round(count_raw) if math.isfinite(count_raw) else -1
-        if count < 0 or count > num_in_sum or abs(count_raw - count) > 0.25:
-            raise ProtocolViolationError(
-                f"round {server_round}: the secure count {count_raw!r} is not a whole number "
-                f"of nodes in [0, {num_in_sum}]; a node does not follow the protocol."
-            )
-        return total[:-1], count
+    def _metrics(self, num_in_sum: int, count: int, rejected: int) -> dict[str, float | int]:
+        return {
+            "epsilon": self.epsilon(),
+            "delta": self.privacy.delta,
+            "rounds-accounted": self.rounds_accounted,
+            "num-nodes": self.num_nodes,
+            "population": self.population,
+            "num-in-sum": num_in_sum,
+            "num-dropped": self.num_nodes - num_in_sum,
+            "num-checked-in": count,
+            "sum-rejected": rejected,
+            "rounds-rejected": self.rounds_rejected,
+        }
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -432,45 +376,24 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
     def summary(self) -> None:
         """Log the protocol's parameters."""
         p, s = self.privacy, self.parameters
-        log(INFO, "\t├──> Shuffled check-in on the nodes under SecAgg+ (no trusted server)")
-        log(
-            INFO,
-            "\t│\t├── nodes n = %d, check-in rate = %g (drawn by each node)",
-            self.num_nodes,
-            p.rate,
-        )
-        log(
-            INFO,
-            "\t│\t├── clip norm C = %g, noise multiplier = %g",
-            p.clip_norm,
-            p.noise_multiplier,
-        )
-        log(
-            INFO,
-            "\t│\t├── sensitivity = %g C, delta = %g, method %s",
-            p.sensitivity,
-            p.delta,
-            p.method,
-        )
-        log(
-            INFO,
-            "\t│\t├── max dropouts D = %d: accountant population n - D = %d",
-            self.max_dropouts,
-            self.population,
-        )
-        if s is not None:
-            log(
-                INFO,
-                "\t│\t├── SecAgg+: %d shares, threshold %d, clipping range %.6g, "
-                "quantisation range %d, modulus %d",
-                s.num_shares,
-                s.threshold,
-                s.clipping_range,
-                s.quantization_range,
-                s.modulus_range,
-            )
         budget = "none" if self.max_epsilon is None else f"{self.max_epsilon:g}"
-        log(INFO, "\t│\t└── epsilon budget: %s", budget)
+        lines = [
+            "├──> Shuffled check-in on the nodes under SecAgg+ (no trusted server)",
+            f"│\t├── nodes n = {self.num_nodes}, check-in rate = {p.rate:g} (drawn by each node)",
+            f"│\t├── clip norm C = {p.clip_norm:g}, noise multiplier = {p.noise_multiplier:g}",
+            f"│\t├── sensitivity = {p.sensitivity:g} C, delta = {p.delta:g}, method {p.method}",
+            f"│\t├── max dropouts D = {self.max_dropouts}: accountant population n - D = "
+            f"{self.population}",
+        ]
+        if s is not None:
+            lines.append(
+                f"│\t├── SecAgg+: {s.num_shares} shares, threshold {s.threshold}, clipping range "
+                f"{s.clipping_range:.6g}, quantisation range {s.quantization_range}, modulus "
+                f"{s.modulus_range}"
+            )
+        lines.append(f"│\t└── epsilon budget: {budget}")
+        for line in lines:
+            log(INFO, "\t%s", line)
 
     def verify_nodes(self, grid: Grid, timeout: float) -> None:
         """Check, before any round, that every node's mod accepts this run's parameters.
@@ -485,42 +408,7 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
             ProtocolViolationError: naming, in one line, what the disagreeing nodes replied.
         """
         node_ids = wait_for_population(grid, self.num_nodes, self.node_wait_timeout)
-        config = ConfigRecord({**self._echo(), HANDSHAKE_KEY: True})
-        messages = [
-            Message(
-                content=RecordDict({"config": config}),
-                dst_node_id=node,
-                message_type=MessageType.TRAIN,
-            )
-            for node in node_ids
-        ]
-        replies = list(grid.send_and_receive(messages, timeout=timeout))
-        problems: set[str] = set()
-        expected = self._echo()
-        for reply in replies:
-            if reply.has_error():
-                reason = str(reply.error.reason or f"error code {reply.error.code}")
-                if reply.error.code != REFUSED:
-                    reason += " (is SecAggCheckInMod the first mod of the ClientApp?)"
-                problems.add(reason)
-                continue
-            records = reply.content.config_records
-            if ECHO_RECORD_KEY not in records or len(reply.content.array_records):
-                problems.add(
-                    "a reply is not the secure-aggregation mode's echo (does the node run "
-                    "SecAggCheckInMod?)"
-                )
-                continue
-            problems.update(echo_differences(expected, records[ECHO_RECORD_KEY]))
-        missing = len(node_ids) - len(replies)
-        if missing:
-            problems.add(f"{missing} nodes did not answer within {timeout:g} s")
-        if problems:
-            raise ProtocolViolationError(
-                f"start-up check: the nodes do not accept this run's privacy parameters "
-                f"({'; '.join(sorted(problems))}); no round was run."
-            )
-        log(INFO, "start-up check: all %d nodes accept the privacy parameters", len(node_ids))
+        check_nodes(grid, node_ids, self._echo(), timeout)
 
     def _budget_message(self, server_round: int) -> str:
         after = self.epsilon(self.rounds_accounted + 1)
@@ -560,9 +448,12 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
 
         Raises:
             ValueError: for an argument outside its range (before anything is sent).
-            ProtocolViolationError: as :meth:`verify_nodes` and :meth:`aggregate_fit`, and when
-                a round's secure aggregation halts (the round is accounted, the model is
-                unchanged, and the round's metrics are recorded with ``num-in-sum = 0``).
+            ProtocolViolationError: as :meth:`verify_nodes` and :meth:`aggregate_fit`, when a
+                node's reply to a SecAgg+ stage is malformed or the secure aggregation fails,
+                and when a round's secure aggregation halts. In each case after the round's
+                instructions went out, the round is accounted, its metrics are recorded (with
+                ``num-in-sum = 0`` when nothing was decoded), :attr:`stop_reason` says why,
+                and the error is that one line.
         """
         num_rounds = check_int("num_rounds", num_rounds, minimum=1)
         timeout = check_positive("timeout", timeout)
@@ -597,9 +488,10 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
             max_dropouts=self.max_dropouts,
         )
         self._grid, self._model, self._train_config = grid, initial_arrays, extra
-        workflow = _Workflow(
+        workflow = SecAggWorkflow(
             min_in_sum=self.population, timeout=timeout, **self.parameters.workflow_arguments()
         )
+        workflow.shapes = [tuple(a.numpy().shape) for a in initial_arrays.values()]
         context = LegacyContext(
             Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}),
             config=ServerConfig(num_rounds=num_rounds),
@@ -628,9 +520,9 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
             cfg[WorkflowKey.CURRENT_ROUND] = server_round
             context.state.array_records[MAIN_PARAMS_RECORD] = self._model
             accounted = self.rounds_accounted
-            workflow(grid, context)
-            if server_round not in self.round_metrics:
-                self._halted(server_round, accounted, workflow)
+            failure = self._run_round(workflow, grid, context, server_round)
+            if failure is not None:
+                self._stop(server_round, accounted, failure)
             result.arrays = self._model
             result.train_metrics_clientapp[server_round] = MetricRecord(
                 dict(self.round_metrics[server_round])
@@ -643,27 +535,50 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
         log(INFO, "strategy finished in %.2f s", time.monotonic() - started)
         return result
 
-    def _halted(self, server_round: int, accounted: int, workflow: _Workflow) -> None:
-        """Record a round whose secure aggregation halted, then stop the run."""
+    def _run_round(
+        self, workflow: SecAggWorkflow, grid: Grid, context: LegacyContext, server_round: int
+    ) -> str | None:
+        """Run one round of the workflow; return why it could not finish (``None``: it did)."""
+        try:
+            # A weight factor a node changed can make Flower divide by zero: the decoded sum
+            # is then not finite, and decode_sum rejects it (instead of a numpy warning).
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                workflow(grid, context)
+        except ProtocolViolationError as exc:
+            return str(exc).rstrip(".")
+        except Exception as exc:  # noqa: BLE001 - one line instead of Flower's traceback
+            log(DEBUG, "round %d: the secure aggregation failed", server_round, exc_info=exc)
+            first = (str(exc).splitlines() or [""])[0][:200]
+            return (
+                f"round {server_round}: the secure aggregation failed at the "
+                f"'{workflow.stage}' stage ({type(exc).__name__}: {first})"
+            )
+        if server_round in self.round_metrics:
+            return None
+        reasons = "; ".join(sorted(workflow.reasons)) or "no reply"
+        return (
+            f"round {server_round}: the secure aggregation halted at the "
+            f"'{workflow.halted_at}' stage ({reasons})"
+        )
+
+    def _stop(self, server_round: int, accounted: int, reason: str) -> None:
+        """Record a round that could not finish, set :attr:`stop_reason` and end the run.
+
+        Raises:
+            ProtocolViolationError: always, with ``reason`` and what was accounted.
+        """
         self._open_round = None
-        if self.rounds_accounted == accounted:  # nothing went out: cannot happen before a stop
-            raise ProtocolViolationError(f"round {server_round}: no instruction was sent.")
+        if self.rounds_accounted == accounted:  # nothing went out: nothing to record
+            raise ProtocolViolationError(reason + ".")
         epsilon = self.epsilon()
         self.epsilons[server_round] = epsilon
-        self.round_metrics[server_round] = {
-            "epsilon": epsilon,
-            "delta": self.privacy.delta,
-            "rounds-accounted": self.rounds_accounted,
-            "num-nodes": self.num_nodes,
-            "population": self.population,
-            "num-in-sum": 0,
-            "num-dropped": self.num_nodes,
-            "num-checked-in": 0,
-        }
-        reasons = "; ".join(sorted(workflow.reasons)) or "no reply"
+        outcome = "the model is unchanged"
+        if server_round in self.round_metrics:
+            outcome = "the model is as that round left it"
+        else:
+            self.round_metrics[server_round] = self._metrics(0, 0, 0)
         self.stop_reason = (
-            f"round {server_round}: the secure aggregation halted at the "
-            f"'{workflow.halted_at}' stage ({reasons}); the round is accounted "
-            f"(epsilon = {epsilon:.6g}) and the model is unchanged"
+            f"{reason}; the round is accounted (epsilon = {epsilon:.6g}) and {outcome}"
         )
+        log(WARNING, "%s", self.stop_reason)
         raise ProtocolViolationError(self.stop_reason + ".")

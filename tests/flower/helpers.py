@@ -145,3 +145,61 @@ def drop_at(app: Callable, drops: dict[tuple[int, str], set[int]]) -> Callable:
         return app(msg, ctx)
 
     return call
+
+
+def deviant_secagg(
+    *,
+    report: Callable | None = None,
+    masked: Callable | None = None,
+    reply: Callable | None = None,
+) -> Callable:
+    """SecAgg+'s client mod on a node that does not follow the protocol (for
+    ``SecAggCheckInMod(secure_aggregation_mod=...)``).
+
+    ``report(arrays, state)`` replaces the plain report (float arrays, count last) before
+    Flower quantises it; ``masked(arrays, state)`` replaces the masked integer arrays (weight
+    factor first, count last) after; ``reply(stage, content)`` edits the reply's RecordDict at
+    any stage. ``state`` is the node's SecAgg+ state (clipping range, target range, modulus).
+    """
+    from flwr.client.mod import secaggplus_mod
+    from flwr.common import (
+        bytes_to_ndarray,
+        ndarray_to_bytes,
+        ndarrays_to_parameters,
+        parameters_to_ndarrays,
+    )
+    from flwr.compat.common import recorddict_compat as compat
+
+    def mod(msg: Message, ctx: Context, call_next: Callable) -> Message:
+        stage = msg.content.config_records["secaggplus_configs"].get("stage")
+
+        def step(inner: Message, c: Context) -> Message:
+            out = call_next(inner, c)
+            if report is None:
+                return out
+            fitres = compat.recorddict_to_fitres(out.content, keep_input=True)
+            state = c.state.config_records["secaggplus_state"]
+            arrays = report(parameters_to_ndarrays(fitres.parameters), state)
+            fitres.parameters = ndarrays_to_parameters(arrays)
+            return Message(compat.fitres_to_recorddict(fitres, keep_input=False), reply_to=out)
+
+        out = secaggplus_mod(msg, ctx, step)
+        if stage == "collect_masked_vectors" and masked is not None:
+            record = out.content.config_records["secaggplus_configs"]
+            state = ctx.state.config_records["secaggplus_state"]
+            arrays = masked([bytes_to_ndarray(b) for b in record["masked_params"]], state)
+            record["masked_params"] = [ndarray_to_bytes(a) for a in arrays]
+        if reply is not None:
+            reply(stage, out.content)
+        return out
+
+    return mod
+
+
+def mixed(app: Callable, other: Callable, nodes: set[int]) -> Callable:
+    """A ClientApp stand-in: the nodes in ``nodes`` run ``other``, the rest ``app``."""
+
+    def call(msg: Message, ctx: Context) -> Message:
+        return (other if int(ctx.node_id) in nodes else app)(msg, ctx)
+
+    return call

@@ -165,6 +165,7 @@ def test_mnist_app_in_process(tmp_path, monkeypatch, mode):
         "test-examples": 100,
         "checkin-seed": 0,
         "out-dir": str(tmp_path),
+        "reply-after": 0.02,  # secagg: padding (one node after the other in this process)
     }
     seen = []
 

@@ -54,6 +54,16 @@ from .helpers import (  # noqa: E402
 )
 
 
+@pytest.fixture(autouse=True)
+def no_padding_wait(monkeypatch):
+    """The mods pad to ``reply_after`` = 30 s; skip that wait (the thread's deadline stays)."""
+    import shuffle_opacus.flower.secagg_mod as secagg_mod_module
+
+    waits: list[float] = []
+    monkeypatch.setattr(secagg_mod_module, "_SLEEP", waits.append)
+    return waits
+
+
 def privacy(sigma=0.0, rate=0.5, clip=0.5, **kw) -> ShufflePrivacyConfig:
     return ShufflePrivacyConfig(
         noise_multiplier=sigma,
@@ -68,6 +78,7 @@ def privacy(sigma=0.0, rate=0.5, clip=0.5, **kw) -> ShufflePrivacyConfig:
 def secagg_mod(recorded=None, **kw) -> SecAggCheckInMod:
     kw.setdefault("min_noise_multiplier", 0.0)
     kw.setdefault("allow_noiseless", True)
+    kw.setdefault("reply_after", 30.0)  # never reached: the autouse fixture skips the wait
     if recorded is not None:
         kw["secure_aggregation_mod"] = secagg_spy(recorded)
     return SecAggCheckInMod(**kw)
@@ -122,6 +133,10 @@ def test_derived_parameters_meet_their_bounds(n, dropouts):
     assert n * big_t < MODULUS  # Flower's weight factor (T per node)
     assert big_t > 4 * n  # the count decodes exactly
     assert big_t < 2**31  # Flower rounds into int32
+    # The exact grid: Δ a power of two, c = (T/2) Δ, T at least half its largest value.
+    top = MODULUS >> (math.ceil(math.log2(n)) + 1)
+    assert math.log2(p.step).is_integer() and p.clipping_range == (big_t // 2) * p.step
+    assert big_t % 2 == 0 and top / 2 - 1 < big_t <= top
     assert s == n or (s % 2 == 1 and s >= MIN_SHARES and s < n)
     assert s >= min(n, MIN_SHARES)
     assert t == s // 2 + 1 and 2 <= t <= s
@@ -129,9 +144,12 @@ def test_derived_parameters_meet_their_bounds(n, dropouts):
     if s < n:
         assert d_max <= s - 2  # the (s-1)-connected ring stays connected
     assert p.population == n - d_max
-    # P(a report has a coordinate beyond c) = 2 d Φ̄(z) = 10⁻¹² for c = C (1 + σ z).
+    # P(a report has a coordinate beyond c) = 2 d Φ̄(z) <= 10⁻¹² for c = C (1 + σ z): c is the
+    # target rounded up to the grid, by less than one step.
+    target = 0.1 * (1.0 + 1.5 * stats.norm.isf(CLIPPING_TAIL / (2 * 5154)))
+    assert 0.0 <= p.clipping_range - target < p.step
     z = (p.clipping_range / 0.1 - 1.0) / 1.5
-    assert 2 * 5154 * stats.norm.sf(z) == pytest.approx(CLIPPING_TAIL, rel=1e-6)
+    assert 2 * 5154 * stats.norm.sf(z) <= CLIPPING_TAIL * (1 + 1e-9)
     assert p.step == 2 * p.clipping_range / big_t
     assert p.sum_error_bound(n) < p.count_value / 2
     # With the defaults of the MNIST app the error is negligible next to the noise.
@@ -556,13 +574,14 @@ def test_the_secagg_mod_refuses_other_instructions():
         ({"min_noise_multiplier": -1.0}, "min_noise_multiplier must be"),
         ({"train_when_absent": "yes"}, "train_when_absent must be True or False"),
         ({"seed": -1}, "seed must be an integer >= 0"),
-        ({"reply_after": -1.0}, "reply_after must be"),
+        ({"reply_after": -1.0}, "reply_after must be a finite number > 0"),
+        ({"reply_after": 0.0}, "reply_after must be a finite number > 0"),
         ({"secure_aggregation_mod": 3}, "secure_aggregation_mod must be a mod"),
     ],
 )
 def test_mod_arguments(kwargs, text):
     with pytest.raises(ValueError, match=text):
-        SecAggCheckInMod(**{"min_noise_multiplier": 0.5, **kwargs})
+        SecAggCheckInMod(**{"min_noise_multiplier": 0.5, "reply_after": 1.0, **kwargs})
 
 
 def test_strategy_and_router_arguments():
@@ -615,20 +634,19 @@ def test_documented_parameters_of_the_mnist_app():
     from pathlib import Path
 
     p = secagg_parameters(num_nodes=100, dimension=5154, clip_norm=0.1, noise_multiplier=1.5)
-    assert (p.num_shares, p.threshold, p.quantization_range) == (9, 5, 2**24)
+    assert (p.num_shares, p.threshold, p.step) == (9, 5, 2.0**-22)
     doc = (Path(__file__).resolve().parents[2] / "docs" / "flower.md").read_text()
-    quoted = f"s = 9, t = 5, c = {p.clipping_range:.3f}, T = 2²⁴, Δ = {p.step:.1e}"
+    quoted = (
+        f"s = 9, t = 5, c = {p.clipping_range:.3f}, T = {p.quantization_range:,}, "
+        f"Δ = 2⁻²² ≈ {p.step:.1e}"
+    )
     assert quoted.replace("e-07", "·10⁻⁷") in doc
     assert f"{p.sum_error_bound(100) / 50:.1e}".replace("e-07", "·10⁻⁷") in doc
 
 
-def test_reply_after_pads_the_masked_vector_step(monkeypatch):
-    """With ``reply_after`` every node waits until that many seconds after the masked-vector
-    instruction arrived before handing over its report, whatever its training took."""
-    import shuffle_opacus.flower.secagg_mod as secagg_mod_module
-
-    slept = []
-    monkeypatch.setattr(secagg_mod_module.time, "sleep", slept.append)
+def test_reply_after_pads_the_masked_vector_step(no_padding_wait):
+    """Every node waits until ``reply_after`` seconds after the masked-vector instruction
+    arrived before handing over its report, whatever its training took."""
     grid = InProcessGrid(numpy_app(shift_update(0.04), mod=secagg_mod(reply_after=30.0)), 3)
     SecAggCheckInFedAvg(privacy=privacy(), num_nodes=3).start(grid, model(), num_rounds=1)
-    assert len(slept) == 3 and all(29.0 < s <= 30.0 for s in slept)
+    assert len(no_padding_wait) == 3 and all(29.0 < s <= 30.0 for s in no_padding_wait)

@@ -7,8 +7,12 @@ check-in coin, and its clipped and noised update, or zeros, goes into Flower's S
 Either way the training loss and the number of examples computed below never leave the node.
 The noise floor is ``MIN_NOISE_MULTIPLIER``; a SuperNode's operator can raise it with
 ``--node-config "min-noise-multiplier=..."``, lower the check-in ceiling of the
-secure-aggregation mode with ``max-checkin-rate=...``, and refuse the trusted-server mode with
-``privacy-mode=secagg``.
+secure-aggregation mode with ``max-checkin-rate=...``, raise its padding with
+``reply-after=...``, and refuse the trusted-server mode with ``privacy-mode=secagg``.
+
+In the secure-aggregation mode every node replies ``reply-after`` seconds (run config, default
+5) after the masked-vector instruction, whatever its training took; a training still running
+then gives the zero update for the round (logged on the node).
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ app = ClientApp(
     mods=[
         PrivacyModeMod(
             trusted_server=LocalShuffleDPMod(min_noise_multiplier=MIN_NOISE_MULTIPLIER),
-            secagg=SecAggCheckInMod(min_noise_multiplier=MIN_NOISE_MULTIPLIER),
+            secagg=SecAggCheckInMod(
+                min_noise_multiplier=MIN_NOISE_MULTIPLIER,
+                reply_after=lambda context: setting(context.run_config, "reply-after", float),
+            ),
         )
     ]
 )

@@ -13,7 +13,8 @@ app = ClientApp(
     mods=[
         PrivacyModeMod(
             trusted_server=LocalShuffleDPMod(min_noise_multiplier=0.5),
-            secagg=SecAggCheckInMod(min_noise_multiplier=0.5),
+            # The training below takes microseconds: 0.05 s of padding is far above it.
+            secagg=SecAggCheckInMod(min_noise_multiplier=0.5, reply_after=0.05),
         )
     ]
 )
