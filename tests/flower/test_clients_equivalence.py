@@ -122,6 +122,12 @@ class _NotAccounted:
     def step(self, **kwargs) -> None:
         pass
 
+    def check_unreleased(self, *args, **kwargs) -> None:
+        pass
+
+    def release(self, *args, **kwargs) -> None:
+        pass
+
 
 def one_process_path(participants: list[list[int]]) -> list[dict[str, np.ndarray]]:
     x, y, part = dataset()
@@ -145,8 +151,9 @@ def one_process_path(participants: list[list[int]]) -> list[dict[str, np.ndarray
         average="reports",
         client_chunk=3,
     )
-    trainer.noise_multiplier = 0.0  # the noise std sigma * C * sqrt(B) is then exactly 0
-    trainer.accountant = _NotAccounted()  # type: ignore[assignment]
+    # A built trainer is read-only; this white-box comparison swaps its parts on purpose.
+    object.__setattr__(trainer, "noise_multiplier", 0.0)  # the noise std is then exactly 0
+    object.__setattr__(trainer, "accountant", _NotAccounted())
     trainer.sampler.batch = lambda t: participants[t]  # Flower's check-ins
     models = []
     for _ in trainer:
