@@ -71,8 +71,8 @@ def _save(
     writer.writerows([r[c] for c in columns] for r in rows)
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    # Beside the axes, never over the curves.
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    if ax.get_legend_handles_labels()[0]:  # beside the axes, never over the curves
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     png = io.BytesIO()
     try:
@@ -115,12 +115,24 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     eps_columns = [f"eps_{n}" for n in names]
 
     fig, ax = plt.subplots(figsize=(9.0, 4.4))
-    for name in names:
+    if not evals:
+        # Nothing to draw yet: say so on the figure instead of an empty frame with a legend.
+        every = config.training.eval_every
+        ax.text(
+            0.5, 0.5,
+            f"no evaluation yet: the model is evaluated every {every} rounds and at the last; "
+            f"this run has {len(rows)} round(s)",
+            ha="center", va="center", transform=ax.transAxes, fontsize=9,
+        )  # fmt: skip
+        ax.set_xticks([])
+        ax.set_yticks([])
+    for name in names if evals else []:
         xs = [float(r[f"eps_{name}"]) for r in evals]
         ys = [100.0 * float(r["test_accuracy"]) for r in evals]
         ax.plot(xs, ys, marker="o", markersize=3, label=curve_label(name, config),
                 **_STYLE.get(name, {}))  # fmt: skip
-    ax.set_xscale("log")
+    if evals:
+        ax.set_xscale("log")
     ax.set_xlabel(f"epsilon (delta = {delta:g})")
     ax.set_ylabel("test accuracy (%)")
     title = f"{config.name}: accuracy vs privacy\n{setting}"

@@ -149,7 +149,11 @@ def default_sigint():
     signal.signal(signal.SIGINT, previous)
 
 
-def test_ctrl_c_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch, default_sigint):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_saves_a_checkpoint_and_resume_matches(
+    tmp_path, monkeypatch, default_sigint, signum
+):
+    """Ctrl-C, and SIGTERM (a cluster's pre-emption), finish the round and checkpoint."""
     # With warm-up, the cosine schedule, momentum and a weight average, so that optimizer and
     # average state must be restored too.
     cfg = tiny_config(
@@ -160,15 +164,20 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch, def
     original = session.Session.round
 
     def interrupted(self, indices, round_number):
-        if round_number == 9:  # Ctrl-C arrives in the middle of round 9
-            signal.raise_signal(signal.SIGINT)
+        if round_number == 9:  # the signal arrives in the middle of round 9
+            signal.raise_signal(signum)
         return original(self, indices, round_number)
 
     monkeypatch.setattr(session.Session, "round", interrupted)
     messages: list[str] = []
+    sigterm_before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(runner.RunInterrupted) as info:
         runner.run(cfg, run_dir=tmp_path / "part", progress=False, echo=messages.append)
-    assert messages[-1].startswith("interrupted after round 9; continue with --resume")
+    name = signal.Signals(signum).name
+    assert messages[-1] == (
+        f"{name}: stopped after round 9 with a checkpoint; continue with: shuffle-experiment "
+        f"train --resume {tmp_path / 'part'}"
+    )
     # The summary so far, and the plots so far (no summary.json: the run is not finished).
     stopped = info.value.result
     assert stopped.rounds_done == 9 and stopped.rounds == cfg.training.rounds
@@ -183,6 +192,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_matches(tmp_path, monkeypatch, def
     # Round 9 was completed before stopping, and the handler is gone again.
     assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)["round"] == 9
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) is sigterm_before
     monkeypatch.setattr(session.Session, "round", original)
     runner.resume(tmp_path / "part", progress=False, echo=lambda _: None)
     whole, part = tmp_path / "whole", tmp_path / "part"
