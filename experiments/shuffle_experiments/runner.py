@@ -508,8 +508,6 @@ def _resume(
     echo: Callable[[str], None],
 ) -> RunResult:
     """:func:`resume`, with errors that begin with ``what`` (the command that asked)."""
-    if run_dir.is_dir():
-        run_dir = run_dir.resolve()  # the run's own directory, not a ``latest`` link
     if not run_dir.is_dir():
         raise ConfigError(f"{what} {run_dir}: not a directory; is it a run directory?")
     with _run_lock(run_dir):
@@ -533,6 +531,7 @@ def _resume(
             )
         else:
             echo(f"resuming {run_dir} at round {done + 1} of {rounds}")
+        run_dir = run_dir.resolve()  # the summary names the run's directory, not ``latest``
         return _train(
             config, run_dir, state=state, progress=progress, stop_after=stop_after, echo=echo
         )
