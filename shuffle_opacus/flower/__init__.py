@@ -52,7 +52,7 @@ Parts:
 * :func:`check_in`, :func:`shuffle_replies`, :func:`make_rng`: the check-in coins and the
   shuffler (:mod:`.shuffler`);
 * :class:`InProcessGrid`: a Grid that calls a ``ClientApp`` in the same process, for tests and
-  benchmarks without Ray or network (:mod:`.inprocess`);
+  benchmarks without Ray or network (:mod:`.testing`);
 * :mod:`.launch`: start a SuperLink (and SuperNodes) on loopback, ``flwr run`` an app, and stop
   every process it started by its id.
 
@@ -71,7 +71,6 @@ if importlib.util.find_spec("flwr") is None:  # pragma: no cover - exercised in 
     )
 
 from .config import METRIC_KEYS, MODES, SECAGG, TRUSTED_SERVER, ShufflePrivacyConfig  # noqa: E402
-from .inprocess import InProcessGrid  # noqa: E402
 from .mod import LocalShuffleDPMod  # noqa: E402
 from .modes import PrivacyModeMod  # noqa: E402
 from .secagg import SecAggParameters, secagg_parameters  # noqa: E402
@@ -79,6 +78,7 @@ from .secagg_mod import SecAggCheckInMod  # noqa: E402
 from .secagg_strategy import SECAGG_ROUND_METRIC_KEYS, SecAggCheckInFedAvg  # noqa: E402
 from .shuffler import ShuffledReplies, check_in, make_rng, shuffle_replies  # noqa: E402
 from .strategy import ROUND_METRIC_KEYS, ProtocolViolationError, ShuffleCheckInFedAvg  # noqa: E402
+from .testing import InProcessGrid  # noqa: E402
 
 __all__ = [
     "METRIC_KEYS",
