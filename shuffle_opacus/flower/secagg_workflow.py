@@ -41,7 +41,7 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
 
 from .secagg_node import NOT_IN_SUM_KEY
-from .strategy import ProtocolViolationError
+from .checkin_base import ProtocolViolationError
 
 __all__ = ["STAGES", "SecAggWorkflow", "reply_problem"]
 
