@@ -40,8 +40,8 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
 
-from .secagg_node import NOT_IN_SUM_KEY
 from .checkin_base import ProtocolViolationError
+from .secagg_node import NOT_IN_SUM_KEY
 
 __all__ = ["STAGES", "SecAggWorkflow", "reply_problem"]
 
