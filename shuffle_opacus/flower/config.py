@@ -1,25 +1,16 @@
 """The privacy parameters the mod, the strategy and the accountant must agree on.
 
-One :class:`ShufflePrivacyConfig` travels with every training instruction (as entries of the
-instruction's ``ConfigRecord``, :meth:`ShufflePrivacyConfig.to_config`). The client-side mod
-applies the noise multiplier and the clipping norm it finds there (after checking them against
-its own floor and sensitivity convention) and echoes all five parameters in its reply
-(:meth:`ShufflePrivacyConfig.reply_metrics`); the strategy refuses a reply whose echo differs
-from its own configuration, and accounts with exactly these values. So a round is accounted with
-the σ, C, γ, δ and sensitivity convention that the clients applied, or the run stops.
-
-Units (as in :mod:`shuffle_opacus.protocols`):
-
-* ``clip_norm`` ``C`` bounds the L2 norm of a node's whole update (the weights it returns minus
-  the weights it received), over all arrays together, in parameter units;
-* ``noise_multiplier`` σ is the standard deviation of the Gaussian noise each node adds to every
-  coordinate of its clipped update, divided by ``C``; it must be > 0 (σ = 0 sends the clipped
-  updates in the clear and is accepted only with ``allow_noiseless=True``, for tests);
-* ``sensitivity`` is the L2 distance between the two reports the differing node could send, in
-  units of ``C``: ``"replace-one"`` (2, the default: a node's whole dataset is replaced by any
-  other, so two clipped updates can be ``2C`` apart) or ``"paper"`` (1, the convention of the
-  MNIST experiment of Liew & Takahashi, arXiv:2206.09569). The analysis sigma is
-  ``noise_multiplier / sensitivity``.
+One :class:`ShufflePrivacyConfig` travels with every training instruction (as entries of its
+``ConfigRecord``, :meth:`ShufflePrivacyConfig.to_config`). The node's mod applies the noise
+multiplier and clipping norm it finds there, after checking them against its own floor and
+sensitivity convention, and echoes all five parameters (:meth:`ShufflePrivacyConfig.reply_metrics`);
+the strategy refuses a reply whose echo differs and accounts with exactly these values. So a
+round is accounted with what the nodes applied, or the run stops. Units (as in
+:mod:`shuffle_opacus.protocols`): ``clip_norm`` ``C`` bounds the L2 norm of a node's whole update
+in parameter units; ``noise_multiplier`` σ is the noise std per coordinate divided by ``C``;
+``sensitivity`` is the distance between a node's two possible reports in units of ``C``
+(``replace-one``: 2, ``paper``: 1); the analysis sigma is ``noise_multiplier / sensitivity``.
+The secure-aggregation mode's echo (:func:`secagg_echo`) adds the mode, ``n`` and ``D``.
 """
 
 from __future__ import annotations

@@ -1,44 +1,17 @@
-"""The client side: clip a node's whole update, add Gaussian noise, release nothing else.
+"""The node side of the trusted-server mode: clip the whole update, add noise, release nothing else.
 
-:class:`LocalShuffleDPMod` is a Flower ``ClientApp`` mod. It must be the **first** entry of
-``ClientApp(mods=[...])``: ``mods[0]`` is the outermost wrapper, so it sees the instruction
-first and has the last word on the reply; nothing the training code or an inner mod adds can get
-past it. For a training instruction it
-
-1. reads the privacy parameters the strategy put in the instruction
-   (:class:`~shuffle_opacus.flower.config.ShufflePrivacyConfig`) and refuses (an error reply,
-   no training) when the noise multiplier is below the node's floor or the sensitivity
-   convention is not the node's;
-2. keeps a float64 copy of the weights it received (the instruction's only ``ArrayRecord``);
-3. runs the training code, then computes the update ``u = returned - received`` over all arrays
-   together, clips it to ``u * min(1, C / ||u||_2)`` (a non-finite update is replaced by zero,
-   which lies in the clipping ball), and adds independent ``N(0, (σC)²)`` noise to every
-   coordinate;
-4. replies with exactly one ``ArrayRecord`` (``received + clipped update + noise``, in the
-   received dtypes) and one ``MetricRecord`` holding only ``num-examples = 1`` and the echo of
-   the five parameters. The training code's metrics, config records and error details never
-   leave the node.
-
-A training instruction flagged ``shuffle-dp.handshake`` (the strategy's start-up check, sent to
-every node before the first round) goes through step 1 only: the mod answers it with the echo
-alone, or refuses it, without running the training code. So a node whose floor or sensitivity
-convention disagrees with the server stops the run before any round.
-
-Privacy of one report: any two datasets of a node give clipped updates at most ``2C`` apart, so
-each report is a Gaussian mechanism with L2 sensitivity ``2C`` (replace-one) and noise ``σC``; the
-``paper`` convention assumes ``C`` instead. Shuffling and check-in amplify this; the strategy
-does the accounting.
-
-The noise floor: ``min_noise_multiplier`` is fixed in the ClientApp's code, and a SuperNode's
-operator can raise it with ``--node-config "min-noise-multiplier=..."``. In Flower the ClientApp
-code arrives in the app bundle that whoever starts the run submits, so a node that does not trust
-the submitter must also check the bundle it runs (see ``docs/flower.md``).
-
-Randomness: each report's noise comes from numpy's PCG64 seeded with 128 fresh bits from the
-operating system (:func:`secrets.randbits`). Like Opacus without ``secure_mode``, the floating-
-point Gaussian sampler is not hardened against the attack of Mironov (*On Significance of the
-Least Significant Bits for Differential Privacy*, CCS 2012). ``noise_seed`` makes the noise
-reproducible for tests.
+:class:`LocalShuffleDPMod` must be the **first** mod of ``ClientApp(mods=[...])`` (the outermost
+wrapper, with the last word on the reply). For a training instruction it reads the privacy
+parameters (:class:`~shuffle_opacus.flower.config.ShufflePrivacyConfig`) and refuses when σ is
+below the node's floor or the sensitivity convention is not the node's; runs the training code;
+clips the update ``returned − received`` over all arrays to norm ``C`` (a non-finite update
+becomes zero) and adds ``N(0, (σC)²)`` to every coordinate; and replies with exactly one
+``ArrayRecord`` and one ``MetricRecord`` holding ``num-examples = 1`` and the echo. An
+instruction flagged ``shuffle-dp.handshake`` (the start-up check) gets the echo alone, without
+training. The floor can be raised by ``--node-config "min-noise-multiplier=..."``. Noise comes
+from numpy's PCG64 seeded with 128 bits from the operating system (not hardened against
+Mironov's floating-point attack, like Opacus without ``secure_mode``); ``noise_seed`` is for
+tests. ``docs/flower.md`` has the details and what a node must also check (the app bundle).
 """
 
 from __future__ import annotations

@@ -3,13 +3,10 @@
 :class:`PrivacyModeMod` holds the privacy mod of each mode and hands every instruction to one of
 them: instructions of the secure-aggregation mode (those carrying SecAgg+'s records, or the mode
 ``secagg`` in their configuration) to the :class:`~shuffle_opacus.flower.SecAggCheckInMod`,
-everything else to the :class:`~shuffle_opacus.flower.LocalShuffleDPMod` of the trusted-server
-mode. The server chooses the mode by the strategy it runs. A node that trusts no server pins
-its mode with ``--node-config "privacy-mode=secagg"``: it then answers only instructions of
-that mode and refuses the others (so the run stops at the start-up check), whatever the server
-asks. A node built with one mod only refuses the other mode's instructions too.
-
-Use it as the first mod of the ClientApp::
+everything else to the trusted-server mode's :class:`~shuffle_opacus.flower.LocalShuffleDPMod`.
+The server chooses the mode by the strategy it runs; a node that trusts no server pins its mode
+with ``--node-config "privacy-mode=secagg"`` and refuses the other mode's instructions. Use it
+as the first mod of the ClientApp::
 
     app = ClientApp(mods=[PrivacyModeMod(
         trusted_server=LocalShuffleDPMod(min_noise_multiplier=0.5),

@@ -1,80 +1,17 @@
-"""SecAgg+ parameters of the secure-aggregation mode, derived from C, σ, n and the model size.
+"""SecAgg+ parameters of the secure-aggregation mode, derived from C, σ, n, D and the model size.
 
-In the secure-aggregation mode (:class:`~shuffle_opacus.flower.SecAggCheckInMod` on the nodes,
-:class:`~shuffle_opacus.flower.SecAggCheckInFedAvg` on the server) every node sends, in every
-round, a vector of ``d + 1`` real numbers: its report (clipped update plus Gaussian noise if it
-checked in, zeros otherwise; ``d`` coordinates) and a count coordinate (``c`` if it checked in,
-0 otherwise). Flower's SecAgg+ (``flwr.client.mod.secaggplus_mod`` and
-``flwr.server.workflow.SecAggPlusWorkflow``, the protocol of Bell, Bonawitz, Gascón, Lepoint
-and Raykova, *Secure Single-Server Aggregation with (Poly)Logarithmic Overhead*, CCS 2020,
-IACR ePrint 2020/704) then, on each node, clips every coordinate to ``[-c, c]`` (the *clipping
-range*), maps it to an integer in ``[0, T]`` by unbiased stochastic rounding (``T`` is the
-*quantisation range*), masks it modulo ``M`` (the *modulus*), and the server recovers the sum
-of the integers modulo ``M`` and maps it back.
-
-On the node, :class:`~shuffle_opacus.flower.SecAggCheckInMod` does the stochastic rounding
-itself (:func:`round_onto_grid`), with a generator seeded from the operating system inside the
-mod, and hands SecAgg+ values that Flower's quantiser maps onto its grid **exactly**, so that
-Flower's own rounding (which draws from numpy's global generator, a generator the training code
-can seed or advance from its data) has nothing left to decide.
-
-:func:`secagg_parameters` chooses every SecAgg+ parameter so that this costs nothing that
-matters:
-
-* **clipping range** ``c >= C (1 + σ z)`` with ``z = Φ̄⁻¹(p / (2d))`` and ``p = 10⁻¹²``
-  (:data:`CLIPPING_TAIL`): a coordinate of an honest report is a clipped-update coordinate
-  (at most ``C`` in absolute value, since the whole update has norm at most ``C``) plus
-  ``σC Z`` with ``Z ~ N(0, 1)``; ``P(|Z| > z) = 2 Φ̄(z)``, so by the union bound over the
-  ``d`` coordinates a report has a coordinate beyond ``c`` with probability at most ``p``.
-  When that happens the coordinate is clipped on the node (post-processing of the node's own
-  report, no privacy cost); the expected clipping error of a coordinate is at most
-  ``2 σC (φ(z') − z' Φ̄(z'))`` with ``z' = (c/C − 1)/σ >= z``
-  (:meth:`SecAggParameters.clipping_bias_bound`);
-* **modulus** ``M = 2³²`` (:data:`MODULUS`; Flower documents ``2³²`` as the largest it
-  supports) and **quantisation range** ``T``, an even number at most
-  ``T_max = M / 2^(⌈log₂ n⌉ + 1)``: each node's integers lie in ``[0, T]``, so the sum of the
-  ``m ≤ n`` nodes of a round is below ``n (T + 1) < M``: **no wrap-around**. The weight factor
-  Flower adds (``T`` per node, since every node reports weight 1 = ``max_weight``) sums to
-  ``m T < M`` as well;
-* **an exact grid**: the step ``Δ = 2c / T`` is a power of two, the smallest with
-  ``2 C (1 + σ z) / Δ <= T_max − 2``, and ``c`` is that target rounded up to a whole number
-  ``j`` of steps (``c = j Δ``, ``T = 2j``; so ``c`` exceeds its target by less than ``Δ`` and
-  ``T > T_max / 2 − 1``). Then for every integer ``k`` in ``[0, T]`` the value
-  ``(k − j) Δ`` is a float64 that Flower's quantiser, ``(x + c) · (T / (2c))``, maps to ``k``
-  with no rounding error at all (sums and products of multiples of a power of two below
-  ``2⁵³ Δ``, and ``T / (2c) = 1/Δ``);
-* **quantisation error**: the node rounds each coordinate of its report (clipped to
-  ``[-c, c]``) to one of the two neighbouring grid values, unbiased, so it moves by less than
-  one step ``Δ``; the decoded sum of ``m`` reports differs from the plain sum of the
-  ``[-c, c]``-clipped reports by less than ``m Δ`` in every coordinate (standard deviation at
-  most ``Δ √m / 2``), and the averaged update by less than ``m Δ / K`` for ``K`` participants
-  (:meth:`SecAggParameters.sum_error_bound`); the count decodes exactly because ``m Δ < c / 2``
-  (``T > 4n``);
-* **shares** ``s`` and **reconstruction threshold** ``t``: Flower places the nodes of a round on
-  a ring in random order and makes each node share its secrets with the ``(s − 1) / 2`` nodes
-  on each side (all nodes when ``s = n``, which is the SecAgg protocol of Bonawitz, Ivanov,
-  Kreuter, Marcedone, McMahan, Patel, Ramage, Segal and Seth, *Practical Secure Aggregation
-  for Privacy-Preserving Machine Learning*, CCS 2017, IACR ePrint 2017/281). We take the
-  smallest odd ``s ≥ max(9, 2D + 1)`` (:data:`MIN_SHARES`; ``s = n`` when that is not below
-  ``n``) and ``t = ⌊s/2⌋ + 1``. Then
-
-  - up to ``D`` = ``max_dropouts`` nodes may be lost in a round and every node still has ``t``
-    live neighbours (``s − t ≥ D``), which Flower needs to unmask;
-  - the secrets of a node are safe from any coalition of fewer than ``t`` of its neighbours;
-  - for ``s < n`` the neighbour graph is the circulant graph with ``(s − 1)/2`` neighbours on
-    each side, which is ``(s − 1)``-connected (Harary, *The maximum connectivity of a graph*,
-    PNAS 48(7), 1962), so it stays connected after removing up to ``s − 2`` nodes: with ``D``
-    lost nodes and ``k`` nodes colluding with the server, ``D + k ≤ s − 2`` keeps the
-    honest live nodes connected, and the server learns only their total (Bell et al.);
-  - every masked vector carries at least ``min(s, n) − 1`` pairwise masks. Flower 1.41
-    expands each mask from a 32-bit seed (``pseudo_rand_gen`` folds the 32-byte seed to 32 bits
-    and draws with numpy's Mersenne Twister), not from the cryptographic generator the
-    protocol assumes; ``s ≥ 9`` puts eight or more such masks (256 seed bits) on every vector.
-    See ``docs/flower.md`` for what this means.
-
-The accountant of the mode uses the population ``n − D`` (:attr:`SecAggParameters.population`)
-and the server halts, before unmasking, any round whose sum would hold fewer than ``n − D``
-nodes; ``docs/maths.md`` derives why this keeps the check-in analysis valid.
+Every node sends, every round, ``d + 1`` numbers to Flower's SecAgg+ (Bell, Bonawitz, Gascón,
+Lepoint and Raykova, CCS 2020, IACR ePrint 2020/704): its report (clipped update plus noise, or
+zeros) and a count coordinate. SecAgg+ clips each coordinate to ``[-c, c]`` (clipping range),
+maps it to an integer in ``[0, T]`` (quantisation range) and masks it modulo ``M``.
+:func:`secagg_parameters` chooses ``c`` so that an honest coordinate exceeds it with probability
+at most :data:`CLIPPING_TAIL`, ``M = 2³²`` with ``T`` small enough that the sum never wraps
+around, a step ``Δ = 2c / T`` that is a power of two so that every grid value maps to its integer
+exactly, and ``s`` shares with threshold ``t = ⌊s/2⌋ + 1`` (``s`` the smallest odd number
+``≥ max(9, 2D + 1)``). :func:`round_onto_grid` is the node's own unbiased rounding onto that
+grid (so Flower's rounding, drawn from numpy's global generator, decides nothing). The accountant
+uses the population ``n − D`` (:attr:`SecAggParameters.population`). ``docs/flower.md``
+("SecAgg+ parameters and their bounds") derives every choice and its bounds.
 """
 
 from __future__ import annotations
@@ -113,7 +50,7 @@ HONEST_SUM_TAIL = 1e-12
 
 @dataclass(frozen=True)
 class SecAggParameters:
-    """The SecAgg+ parameters of one run (see the module docstring for the derivation).
+    """The SecAgg+ parameters of one run (``docs/flower.md`` derives them).
 
     Attributes:
         num_nodes: ``n``, the nodes taking part in every round's secure sum.
@@ -268,7 +205,7 @@ def secagg_parameters(
     noise_multiplier: float,
     max_dropouts: int = 0,
 ) -> SecAggParameters:
-    """Derive the SecAgg+ parameters of a run (see the module docstring).
+    """Derive the SecAgg+ parameters of a run (``docs/flower.md`` derives each choice).
 
     Args:
         num_nodes: ``n``, integer in ``[2, 10000]``.
@@ -341,9 +278,9 @@ def round_onto_grid(
     Each coordinate is clipped to ``[-c, c]``, then replaced by one of the two neighbouring
     grid values ``(k − j) Δ`` (``k`` in ``0 .. T``, ``j = T / 2``), the upper one with
     probability equal to the coordinate's distance above the lower one in steps: unbiased,
-    and off by less than ``Δ``. Flower's quantiser maps each result onto ``k`` exactly (see the
-    module docstring), so its own stochastic rounding, which draws from numpy's global
-    generator, changes nothing.
+    and off by less than ``Δ``. Flower's quantiser maps each result onto ``k`` exactly (``Δ`` is
+    a power of two; ``docs/flower.md``), so its own stochastic rounding, which draws from
+    numpy's global generator, changes nothing.
 
     Args:
         values: The report's arrays (finite floats).

@@ -1,21 +1,14 @@
 """Decode a SecAgg+ aggregate and check it against what honest nodes can produce.
 
-Under SecAgg+ the server sees one aggregate per round, never a report, so the only integrity
-checks it can make are on that aggregate. :func:`decode_sum` turns it into the sum of the
-reports and the count ``K`` of nodes that checked in, and rejects the round's sum when
-
-* a value is not finite (a node changed Flower's weight factor after quantisation, say);
-* the count is not a whole number of nodes in ``[0, m]``, with ``m`` the nodes in the sum;
-* the sum's L2 norm exceeds
-  :meth:`~shuffle_opacus.flower.secagg.SecAggParameters.honest_sum_bound` ``(K, m)``, which an
-  honest round exceeds with probability at most ``10⁻¹² (1 + K)``.
-
-These checks are post-processing of what SecAgg+ releases (the sum and the count), so they cost
-no privacy. They bound what a node can do to one round's update: a node that does not follow
-the protocol (one that sends a report with a zero count, changes its masked vector after
-quantisation, or fakes the count) is caught when its contribution takes the sum beyond the
-bound, and otherwise moves the average by at most ``bound(K, m) / K``. They do not bound the
-drift over many rounds, and they cannot say which node deviated.
+Under SecAgg+ the server sees one aggregate per round, never a report. :func:`decode_sum` turns it
+into the sum of the reports and the count ``K`` of nodes that checked in, and rejects the round's
+sum when a value is not finite, the count is not a whole number of nodes in ``[0, m]`` (``m`` the
+nodes in the sum), or the sum's L2 norm exceeds
+:meth:`~shuffle_opacus.flower.secagg.SecAggParameters.honest_sum_bound` ``(K, m)`` (an honest
+round exceeds it with probability at most ``10⁻¹² (1 + K)``). The checks are post-processing of
+what SecAgg+ releases, so they cost no privacy. They bound what a deviating node can do to one
+round's update (at most ``bound(K, m) / K`` in the average), not the drift over many rounds, and
+they cannot say which node deviated.
 """
 
 from __future__ import annotations

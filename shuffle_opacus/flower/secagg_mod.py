@@ -1,73 +1,18 @@
 """The node side of the secure-aggregation mode: check in on the node, privatise, then SecAgg+.
 
-:class:`SecAggCheckInMod` is the privacy mod of the ``secagg`` mode; use it as the first (or
-only) mod of the ``ClientApp``::
+:class:`SecAggCheckInMod` is the first (or only) mod of the ClientApp::
 
     app = ClientApp(mods=[SecAggCheckInMod(min_noise_multiplier=0.5, reply_after=30.0)])
 
-It wraps Flower's own ``flwr.client.mod.secaggplus_mod`` (the client side of SecAgg+, Bell,
-Bonawitz, Gascón, Lepoint and Raykova, *Secure Single-Server Aggregation with
-(Poly)Logarithmic Overhead*, CCS 2020, IACR ePrint 2020/704) around its privatisation step, so the
-order is fixed: **this node's report is clipped, noised, and zeroed if the node did not check
-in before SecAgg+ quantises and masks it**. That is the mod order ``[secaggplus_mod,
-privatise]``: ``secaggplus_mod`` calls the privatisation step (and through it the training
-code) in its masked-input stage and masks whatever comes back.
-
-In every round the server sends the SecAgg+ instructions to **every** node. In the masked-input
-stage the node
-
-1. reads σ, C, γ, δ, the sensitivity convention, ``n`` and ``D`` from the instruction and
-   refuses (the node leaves the round) if σ is below its floor, γ above its ceiling, the
-   sensitivity convention not its own, or the SecAgg+ parameters that Flower's set-up stage
-   gave it (shares, threshold, clipping range, quantisation range, modulus) differ from the
-   ones :func:`~shuffle_opacus.flower.secagg.secagg_parameters` derives from those values;
-2. flips its own check-in coin with probability γ from the operating system's secure source
-   (:class:`random.SystemRandom`); the coin never leaves the node;
-3. runs the training code (also when the coin says no, unless ``train_when_absent=False``)
-   in a worker thread and waits for it until ``reply_after`` seconds after the instruction
-   arrived (the **padding**, required). A training that raises, returns something that is not
-   the model, returns non-finite weights, or is still running at that time gives the **zero
-   update**: the node stays in the sum (its failure is invisible to the server, which sees the
-   same reply at the same time) and notes it in its local record and log
-   (:func:`~shuffle_opacus.flower.secagg_node.local_report`);
-4. waits until ``reply_after``; then computes the update over all arrays, clips it to norm
-   ``C``, draws ``N(0, σ²C²)`` for every coordinate (always, so that the work does not depend
-   on the coin), rounds ``b (clipped update + noise)`` and the count coordinate ``b c`` (``b``
-   is 1 if it checked in and 0 otherwise, ``c`` the clipping range) stochastically onto
-   SecAgg+'s grid (:func:`~shuffle_opacus.flower.secagg.round_onto_grid`), and returns the
-   result for SecAgg+ to mask. That work is the same for any data and comes after the
-   padding, so a node whose training overran replies when the others do. The plain part of
-   its reply (weight 1 and the echo of step 1) is the same whatever ``b`` is; the training
-   code's metrics and records never leave the node.
-
-In the unmasking stage the node first checks the dropout rule itself: it sends no shares
-unless the server names the nodes missing from the sum and there are at most ``D`` of them
-(:func:`~shuffle_opacus.flower.secagg_node.unmask_problem`).
-
-So the server receives, per node, a masked vector and a fixed echo, and SecAgg+ lets it recover
-only the sum over the nodes of the round: the sum of the participants' reports and their
-number. The start-up check (a training instruction flagged ``shuffle-dp.handshake`` and
-carrying the mode ``secagg``) is answered by step 1 alone, before SecAgg+.
-
-The floor and the ceiling: ``min_noise_multiplier`` and ``max_rate`` are fixed in the
-ClientApp's code; a SuperNode's operator can raise the floor with ``--node-config
-"min-noise-multiplier=..."`` and lower the ceiling with ``--node-config
-"max-checkin-rate=..."``. A server cannot make the node add less noise or check in more often
-than the node allows, and the strategy accounts with exactly the values the nodes echo.
-
-The padding: ``reply_after`` is fixed in the ClientApp's code; a SuperNode's operator can
-raise it with ``--node-config "reply-after=..."``. Choose it above the slowest training the node
-can have (measure it on the node's largest dataset) and below the server's stage timeout. A
-training still running then is abandoned for the round (it keeps running in its thread, with
-the node's ``Context``, and its result is discarded), so the reply leaves at the same time
-whatever the data; while it runs it competes with the node's later work for the machine, which
-is why ``reply_after`` should stay above the slowest training rather than rely on this.
-
-Randomness: coin, noise and rounding come from the operating system (noise and rounding
-through numpy's PCG64 seeded with 128 fresh bits inside the mod), unless ``seed`` is given
-(tests only). Flower's own stochastic rounding draws from numpy's global generator, which the
-training code can seed or advance from its data; it receives values already on its grid, which
-it maps exactly, so that generator decides nothing.
+It wraps Flower's ``secaggplus_mod`` around its own privatisation step, so a report is clipped,
+noised and zeroed (if the node did not check in) before SecAgg+ quantises and masks it. In the
+masked-vector stage the node checks the instruction against its floor, ceiling, convention and
+the derived SecAgg+ set-up; flips its own coin from the operating system; runs the training code
+in a thread until ``reply_after`` seconds (the required padding: a training that fails or
+overruns gives the zero update, so the node stays in the sum and replies on time); then clips,
+noises and rounds onto SecAgg+'s grid with its own generator. Before unmasking it checks the
+dropout rule (:func:`~shuffle_opacus.flower.secagg_node.unmask_problem`). ``docs/flower.md``
+("A round", "The guarantee and what it assumes") has every step and why it is needed.
 """
 
 from __future__ import annotations

@@ -1,34 +1,16 @@
 """What a node of the secure-aggregation mode checks of SecAgg+, and what it keeps to itself.
 
-:class:`~shuffle_opacus.flower.SecAggCheckInMod` relies on three node-side checks of the
-SecAgg+ messages it receives, gathered here:
-
-* :func:`secagg_setup_problems`: the SecAgg+ set-up Flower's ``secaggplus_mod`` stored on the
-  node (shares, threshold, clipping range, quantisation range, modulus, weight) must be exactly
-  the one :func:`~shuffle_opacus.flower.secagg.secagg_parameters` derives from the run's
-  ``(C, σ, n, D, d)``;
-* :func:`unmask_problem`: **the dropout rule, enforced by the node**. Before it sends the
-  shares that unmask a sum, the node checks that at most ``D`` of the round's ``n`` nodes are
-  missing from that sum. The unmasking instruction of
-  :class:`~shuffle_opacus.flower.SecAggCheckInFedAvg` names the missing nodes
-  (:data:`NOT_IN_SUM_KEY`), the same list for every node; Flower's own part of the instruction
-  tells the node which of its SecAgg+ neighbours are in the sum and which are not. The node
-  refuses (sends no share) when the list is absent, longer than ``D``, or contradicts what
-  Flower's part says about its neighbours (a neighbour missing from the sum but not listed, a
-  listed neighbour in the sum, itself listed). With the complete graph (``s = n``) Flower's
-  part covers every node and must add up to ``n``.
-
-  What it guarantees: a server that follows SecAgg+ (it sends every node the same, true
-  statement of who is in the sum) but not the dropout rule (Flower's plain
-  ``SecAggPlusWorkflow``, or a halt at another threshold) gets no shares from honest nodes, so
-  it cannot unmask a sum of fewer than ``n − D`` nodes. What it does not: a server that tells
-  different nodes different things (it can then also unmask a single node's vector; Flower
-  1.41 has no consistency check against it), or one that counts nodes that do not exist
-  (the population ``n`` is the server's statement; see ``docs/flower.md``);
-* the local record (:data:`LOCAL_RECORD_KEY` in the node's ``Context.state``, which never
-  leaves the node): per run, how many rounds the node took part in, how often its training
-  failed, overran its ``reply_after`` or returned non-finite weights, and how often it refused
-  to unmask, for the node's operator (:func:`local_report`).
+:class:`~shuffle_opacus.flower.SecAggCheckInMod` relies on three node-side pieces:
+:func:`secagg_setup_problems` (the SecAgg+ set-up Flower stored on the node must be exactly the one
+:func:`~shuffle_opacus.flower.secagg.secagg_parameters` derives from ``(C, σ, n, D, d)``);
+:func:`unmask_problem`, **the dropout rule enforced by the node**: before sending the shares that
+unmask a sum it checks that the server's list of missing nodes (:data:`NOT_IN_SUM_KEY`) is there,
+holds at most ``D`` nodes and agrees with what Flower's part of the instruction says about its
+neighbours; and the local record (:data:`LOCAL_RECORD_KEY` in the node's ``Context.state``,
+never sent: rounds, failed or overrunning trainings, non-finite updates, refused unmaskings;
+:func:`local_report`). The rule holds against a server that follows SecAgg+ but not the dropout
+rule; not against one that tells different nodes different things, or counts nodes that do not
+exist (``docs/flower.md``, "Dropouts").
 """
 
 from __future__ import annotations

@@ -1,62 +1,24 @@
 """The server side of the secure-aggregation mode: SecAgg+ rounds, decoding, ε after each round.
 
-:class:`SecAggCheckInFedAvg` runs the shuffled check-in protocol without a trusted server. The
-server never chooses who checks in and never sees a node's report: in every round it sends the
-current model to **all** ``n`` nodes through Flower's SecAgg+ (Bell, Bonawitz, Gascón, Lepoint
-and Raykova, *Secure Single-Server Aggregation with (Poly)Logarithmic Overhead*, CCS 2020,
+:class:`SecAggCheckInFedAvg` runs the shuffled check-in protocol without a trusted server: every
+round it sends the model to all ``n`` nodes through Flower's SecAgg+ (Bell et al., CCS 2020,
 IACR ePrint 2020/704); each node's :class:`~shuffle_opacus.flower.SecAggCheckInMod` flips its own
-coin and contributes its clipped, noised report or zeros, plus a count coordinate; the server
-recovers only the sum of the reports and the number ``K`` of nodes that checked in, and moves the
-model by the sum divided by ``K``.
-
-Flower 1.41's SecAgg+ exists only as a workflow of Flower's legacy API
-(``flwr.server.workflow.SecAggPlusWorkflow``, which needs a ``LegacyContext`` and a
-``flwr.server.strategy.Strategy``); the message-API strategies of ``flwr.serverapp`` have no
-secure aggregation. So this class is a legacy ``Strategy`` (``configure_fit`` instructs every
-node; ``aggregate_fit`` receives the SecAgg+ sum, never an individual report) and
-:meth:`SecAggCheckInFedAvg.start` drives the rounds itself, as Flower's ``DefaultWorkflow``
-does, with a budget check before each round and the start-up check before the first
-(``DefaultWorkflow`` can do neither). The workflow is Flower's with the additions of
-:class:`~shuffle_opacus.flower.secagg_workflow.SecAggWorkflow`: it halts a round before
-unmasking when fewer than ``n − D`` nodes sent their masked vectors, names the missing nodes in
-every unmasking instruction (so that the nodes check the same rule, and refuse to unmask), and
-checks every reply's form before Flower reads it (a malformed reply ends the run with one line,
-the round's metrics and a stop reason). The decoded sum is checked against what honest nodes
-can produce (:func:`~shuffle_opacus.flower.secagg_decode.decode_sum`); a sum that fails is not
-applied, and the round says so (``sum-rejected``, :attr:`SecAggCheckInFedAvg.skip_reasons`).
-
-Privacy statement (user level, replace-one of one node's whole dataset). Under the assumptions
-below, the released models and round metrics are (ε, δ)-DP with the ε reported, which is the
-package's check-in analysis (:func:`shuffle_opacus.history_epsilon`, protocol ``checkin``) with
-population ``n − D``, rate γ and the nodes' σ:
-
-* the server's view of a round (the masked vectors, the SecAgg+ messages, the echo, the decoded
-  sum and count) is, by SecAgg+'s security, computable from the sum alone; the sum of the
-  quantised reports is a function of the multiset of the participants' reports (quantisation
-  acts on each report alone and the sum is symmetric); so the view is post-processing of the
-  shuffled check-in output, and the check-in analysis applies (``docs/maths.md``);
-* every node runs :class:`~shuffle_opacus.flower.SecAggCheckInMod` and flips its coin with
-  operating-system randomness; every node takes part in every round's sum; reply times do not
-  depend on the data (the mod pads the masked-vector step to its ``reply_after``, and a
-  training that fails or overruns gives the zero update at that time instead of a dropout);
-  the rounding is drawn inside the mod, from the operating system;
-* a node is missing from a round's sum (a dropout) independently of its data and its coin, and
-  at most ``D`` nodes are missing: the server halts a round with more before unmasking, and
-  the honest nodes refuse to unmask it themselves;
-* SecAgg+'s assumptions hold: the server (and the SuperLink) follows SecAgg+ (it sends every
-  node the same, true statement of who is in the sum; it need not follow the dropout rule), and
-  fewer than ``t`` nodes of any neighbourhood collude with it (see ``docs/flower.md`` for the
-  weakness of Flower 1.41's mask generator), and the ``n`` nodes exist.
-
-Client-side evaluation is not part of the protocol: no evaluation instruction is sent.
+coin and contributes its clipped, noised report or zeros plus a count; the server recovers only
+the sum and the number ``K`` that checked in, and moves the model by their ratio. SecAgg+ exists
+in Flower 1.41 only as a legacy workflow, so this is a legacy ``Strategy`` driven round by round
+by :class:`~shuffle_opacus.flower.secagg_workflow.SecAggWorkflow` (which halts a round missing
+more than ``D`` nodes and checks every reply's form). A decoded sum no honest round produces is
+rejected (:func:`~shuffle_opacus.flower.secagg_decode.decode_sum`). The start-up check, the budget
+stop and the round bookkeeping are :class:`~shuffle_opacus.flower.checkin_base.CheckInBase`'s.
+ε is the check-in accountant's with population ``n − D``; the privacy statement and what it
+assumes are in ``docs/flower.md``. No client-side evaluation.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from logging import DEBUG, INFO, WARNING
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import (
@@ -64,7 +26,6 @@ from flwr.app import (
     ArrayRecord,
     ConfigRecord,
     Context,
-    MetricRecord,
     RecordDict,
 )
 from flwr.common import (
@@ -90,27 +51,25 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from ..analysis._validation import check_int, check_positive
-from ..protocols import HistoryEntry, get_protocol
+from .checkin_base import CheckInBase, EvaluateFn, ProtocolViolationError, check_privacy
 from .config import (
     ARRAY_NAMES_KEY,
     CONFIG_KEYS,
+    ECHO_RECORD_KEY,
     HANDSHAKE_KEY,
     MAX_DROPOUTS_KEY,
     MODE_KEY,
     NUM_NODES_KEY,
+    SECAGG,
     ShufflePrivacyConfig,
     echo_differences,
     secagg_echo,
 )
 from .secagg import SecAggParameters, secagg_parameters
 from .secagg_decode import decode_sum
-from .secagg_handshake import check_nodes
 from .secagg_workflow import SecAggWorkflow
-from .strategy import CheckInAccounting, ProtocolViolationError, wait_for_population
 
 __all__ = ["SECAGG_ROUND_METRIC_KEYS", "SecAggCheckInFedAvg"]
-
-_CHECKIN = get_protocol("checkin")
 
 #: Keys of the MetricRecord the strategy records for every round of the secure-aggregation mode.
 SECAGG_ROUND_METRIC_KEYS: tuple[str, ...] = (
@@ -127,7 +86,7 @@ SECAGG_ROUND_METRIC_KEYS: tuple[str, ...] = (
 )
 
 
-class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
+class SecAggCheckInFedAvg(CheckInBase, Strategy):
     """Node-side check-in under SecAgg+, the check-in accountant and an ε budget.
 
     Attributes:
@@ -145,6 +104,9 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
             decoded sum failed :func:`~shuffle_opacus.flower.secagg_decode.decode_sum`).
         rounds_rejected: Number of rounds whose decoded sum was rejected.
     """
+
+    mode = SECAGG
+    mod_name = "SecAggCheckInMod"
 
     def __init__(
         self,
@@ -172,8 +134,7 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
         Raises:
             ValueError: for an argument outside its range.
         """
-        if not isinstance(privacy, ShufflePrivacyConfig):
-            raise ValueError(f"privacy must be a ShufflePrivacyConfig. Found {type(privacy)!r}.")
+        privacy = check_privacy(privacy)
         secagg_parameters(
             num_nodes=num_nodes,
             dimension=1,
@@ -181,32 +142,18 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
             noise_multiplier=privacy.noise_multiplier,
             max_dropouts=max_dropouts,
         )
-        if max_epsilon is not None:
-            max_epsilon = check_positive("max_epsilon", max_epsilon)
-        node_wait_timeout = check_positive("node_wait_timeout", node_wait_timeout)
-        if not isinstance(verify_nodes, bool):
-            raise ValueError(f"verify_nodes must be True or False. Found {verify_nodes!r}.")
         super().__init__()
-        self.privacy = privacy
-        self.num_nodes = int(num_nodes)
+        self._init_checkin(privacy, num_nodes, max_epsilon, node_wait_timeout, verify_nodes)
         self.max_dropouts = int(max_dropouts)
-        self.max_epsilon = max_epsilon
-        self.node_wait_timeout = node_wait_timeout
-        self.check_nodes_at_start = verify_nodes
         self.parameters: SecAggParameters | None = None
-        self.history: list[HistoryEntry] = []
-        self.epsilons: dict[int, float] = {}
-        self.round_metrics: dict[int, dict[str, float | int]] = {}
-        self.stop_reason: str | None = None
         self.skip_reasons: dict[int, str] = {}
         self.rounds_rejected = 0
-        self._unprotected_rounds = 0
         self._grid: Grid | None = None
         self._model: ArrayRecord | None = None
         self._train_config: dict[str, Any] = {}
         self._open_round: int | None = None
-        if privacy.noise_multiplier == 0.0:
-            log(WARNING, "noise_multiplier = 0: the reports carry no noise; epsilon is infinite")
+        self._workflow: SecAggWorkflow | None = None
+        self._context: LegacyContext | None = None
 
     # --- accounting ---------------------------------------------------------------------
 
@@ -246,7 +193,7 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
         """
         if self.stop_reason is not None or self._grid is None or self._model is None:
             return []
-        node_ids = wait_for_population(self._grid, self.num_nodes, self.node_wait_timeout)
+        node_ids = self._population(self._grid)
         run_id = int(getattr(self._grid.run, "run_id", 0) or 0)
         proxies = [GridClientProxy(node_id=i, grid=self._grid, run_id=run_id) for i in node_ids]
         for proxy in proxies:
@@ -395,27 +342,17 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
         for line in lines:
             log(INFO, "\t%s", line)
 
-    def verify_nodes(self, grid: Grid, timeout: float) -> None:
-        """Check, before any round, that every node's mod accepts this run's parameters.
+    def _handshake_config(self) -> tuple[str, ConfigRecord]:
+        return "config", ConfigRecord({**self._echo(), HANDSHAKE_KEY: True})
 
-        Sends every node a training instruction with the privacy parameters, the mode, ``n``,
-        ``D`` and the flag ``shuffle-dp.handshake``, no model; each node's
-        :class:`~shuffle_opacus.flower.SecAggCheckInMod` answers with its echo or refuses
-        (noise floor, check-in ceiling, sensitivity convention, mode), before SecAgg+ and
-        without running the training code. Nothing is accounted.
-
-        Raises:
-            ProtocolViolationError: naming, in one line, what the disagreeing nodes replied.
-        """
-        node_ids = wait_for_population(grid, self.num_nodes, self.node_wait_timeout)
-        check_nodes(grid, node_ids, self._echo(), timeout)
-
-    def _budget_message(self, server_round: int) -> str:
-        after = self.epsilon(self.rounds_accounted + 1)
-        return (
-            f"stopped before round {server_round}: epsilon would reach {after:.6g} > budget "
-            f"{self.max_epsilon:g} (delta = {self.privacy.delta:g})"
-        )
+    def _echo_problems(self, content: RecordDict) -> list[str]:
+        records = content.config_records
+        if ECHO_RECORD_KEY not in records or len(content.array_records):
+            return [
+                "a reply is not the secure-aggregation mode's echo (does the node run "
+                "SecAggCheckInMod?)"
+            ]
+        return echo_differences(self._echo(), records[ECHO_RECORD_KEY])
 
     def start(
         self,
@@ -424,7 +361,7 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
         num_rounds: int = 3,
         timeout: float = 3600,
         train_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        evaluate_fn: EvaluateFn | None = None,
     ) -> Result:
         """Run up to ``num_rounds`` SecAgg+ rounds; stop before one that would exceed the budget.
 
@@ -497,88 +434,50 @@ class SecAggCheckInFedAvg(CheckInAccounting, Strategy):
             config=ServerConfig(num_rounds=num_rounds),
             strategy=self,
         )
-        log(INFO, "Starting %s for up to %d rounds", type(self).__name__, num_rounds)
-        self.summary()
-        result = Result()
-        result.arrays = initial_arrays
-        if evaluate_fn is not None:
-            evaluation = evaluate_fn(0, initial_arrays)
-            if evaluation is not None:
-                result.evaluate_metrics_serverapp[0] = evaluation
-        started = time.monotonic()
-        if self.check_nodes_at_start and self.budget_allows_another_round():
-            self.verify_nodes(grid, timeout)
         cfg = ConfigRecord({WorkflowKey.START_TIME: time.time()})
         context.state.config_records[MAIN_CONFIGS_RECORD] = cfg
-        for server_round in range(1, num_rounds + 1):
-            if not self.budget_allows_another_round():
-                self.stop_reason = self._budget_message(server_round)
-                log(INFO, "%s", self.stop_reason)
-                break
-            log(INFO, "")
-            log(INFO, "[ROUND %d/%d]", server_round, num_rounds)
-            cfg[WorkflowKey.CURRENT_ROUND] = server_round
-            context.state.array_records[MAIN_PARAMS_RECORD] = self._model
-            accounted = self.rounds_accounted
-            failure = self._run_round(workflow, grid, context, server_round)
-            if failure is not None:
-                self._stop(server_round, accounted, failure)
-            result.arrays = self._model
-            result.train_metrics_clientapp[server_round] = MetricRecord(
-                dict(self.round_metrics[server_round])
-            )
-            if evaluate_fn is not None:
-                evaluation = evaluate_fn(server_round, self._model)
-                if evaluation is not None:
-                    result.evaluate_metrics_serverapp[server_round] = evaluation
-                    log(INFO, "round %d: server evaluation %s", server_round, dict(evaluation))
-        log(INFO, "strategy finished in %.2f s", time.monotonic() - started)
-        return result
+        self._workflow, self._context = workflow, context
+        return self._run(grid, initial_arrays, num_rounds, timeout, evaluate_fn)
 
-    def _run_round(
-        self, workflow: SecAggWorkflow, grid: Grid, context: LegacyContext, server_round: int
-    ) -> str | None:
-        """Run one round of the workflow; return why it could not finish (``None``: it did)."""
+    def _play_round(
+        self, server_round: int, arrays: ArrayRecord, grid: Grid, timeout: float
+    ) -> ArrayRecord:
+        """Run one round of the workflow from the strategy's model; return the model after it.
+
+        Raises:
+            ProtocolViolationError: with one line saying why the round could not finish.
+        """
+        workflow, context = self._workflow, self._context
+        if workflow is None or context is None:
+            raise RuntimeError("the round's workflow is set by start(); call start().")
+        context.state.config_records[MAIN_CONFIGS_RECORD][WorkflowKey.CURRENT_ROUND] = server_round
+        context.state.array_records[MAIN_PARAMS_RECORD] = arrays
+        reason = None
         try:
             # A weight factor a node changed can make Flower divide by zero: the decoded sum
             # is then not finite, and decode_sum rejects it (instead of a numpy warning).
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 workflow(grid, context)
         except ProtocolViolationError as exc:
-            return str(exc).rstrip(".")
+            reason = str(exc).rstrip(".")
         except Exception as exc:  # noqa: BLE001 - one line instead of Flower's traceback
             log(DEBUG, "round %d: the secure aggregation failed", server_round, exc_info=exc)
             first = (str(exc).splitlines() or [""])[0][:200]
-            return (
+            reason = (
                 f"round {server_round}: the secure aggregation failed at the "
                 f"'{workflow.stage}' stage ({type(exc).__name__}: {first})"
             )
-        if server_round in self.round_metrics:
-            return None
-        reasons = "; ".join(sorted(workflow.reasons)) or "no reply"
-        return (
-            f"round {server_round}: the secure aggregation halted at the "
-            f"'{workflow.halted_at}' stage ({reasons})"
-        )
+        if reason is None and server_round not in self.round_metrics:
+            reasons = "; ".join(sorted(workflow.reasons)) or "no reply"
+            reason = (
+                f"round {server_round}: the secure aggregation halted at the "
+                f"'{workflow.halted_at}' stage ({reasons})"
+            )
+        if reason is not None:
+            self._open_round = None
+            raise ProtocolViolationError(reason)
+        return cast(ArrayRecord, self._model)  # aggregate_fit keeps the model, named
 
-    def _stop(self, server_round: int, accounted: int, reason: str) -> None:
-        """Record a round that could not finish, set :attr:`stop_reason` and end the run.
-
-        Raises:
-            ProtocolViolationError: always, with ``reason`` and what was accounted.
-        """
-        self._open_round = None
-        if self.rounds_accounted == accounted:  # nothing went out: nothing to record
-            raise ProtocolViolationError(reason + ".")
-        epsilon = self.epsilon()
-        self.epsilons[server_round] = epsilon
-        outcome = "the model is unchanged"
-        if server_round in self.round_metrics:
-            outcome = "the model is as that round left it"
-        else:
-            self.round_metrics[server_round] = self._metrics(0, 0, 0)
-        self.stop_reason = (
-            f"{reason}; the round is accounted (epsilon = {epsilon:.6g}) and {outcome}"
-        )
-        log(WARNING, "%s", self.stop_reason)
-        raise ProtocolViolationError(self.stop_reason + ".")
+    def _failed_round_metrics(self, server_round: int) -> dict[str, float | int]:
+        """Return the metrics of a round whose sum was not decoded (``num-in-sum = 0``)."""
+        return self._metrics(0, 0, 0)

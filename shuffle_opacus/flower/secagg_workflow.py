@@ -1,26 +1,16 @@
 """Flower's SecAgg+ workflow with the checks of the secure-aggregation mode's server.
 
-:class:`SecAggWorkflow` is ``flwr.server.workflow.SecAggPlusWorkflow`` (Flower 1.41's
-SecAgg+, Bell, Bonawitz, Gascón, Lepoint and Raykova, *Secure Single-Server Aggregation with
-(Poly)Logarithmic Overhead*, CCS 2020, IACR ePrint 2020/704) with three additions, made
-around Flower's stages rather than inside them:
-
-* **the dropout rule**: a round that ends the masked-vector stage with fewer than
-  ``min_in_sum = n − D`` vectors halts before unmasking;
-* **the missing nodes, stated**: every unmasking instruction carries the ids of the round's
-  nodes that are not in the sum (:data:`~shuffle_opacus.flower.secagg_node.NOT_IN_SUM_KEY`),
-  the same list for every node, so that each node can check the dropout rule itself
-  (:func:`~shuffle_opacus.flower.secagg_node.unmask_problem`);
-* **well-formed replies**: before Flower's code reads a node's reply, its SecAgg+ part is
-  checked against what the stage expects (keys, types, list lengths, and in the masked-vector
-  stage the number, shapes, integer dtype and range of the masked arrays, and a readable
-  ``FitRes``). A reply that does not fit raises
-  :class:`~shuffle_opacus.flower.ProtocolViolationError` with one line naming the stage and
-  the problem, instead of an error from deep inside numpy or Flower.
-
-The stages talk to the nodes through a :class:`~flwr.serverapp.Grid` wrapper (the stage's own
-code is Flower's, unchanged); the workflow also keeps, for the last round, the stage where the
-round halted and the distinct reasons of the nodes' error replies (no node identities).
+:class:`SecAggWorkflow` is ``flwr.server.workflow.SecAggPlusWorkflow`` (Flower 1.41's SecAgg+,
+Bell et al., CCS 2020, IACR ePrint 2020/704) with three additions made around Flower's stages,
+whose code runs unchanged: **the dropout rule** (a round that ends the masked-vector stage with
+fewer than ``min_in_sum = n − D`` vectors halts before unmasking); **the missing nodes, stated**
+(every unmasking instruction carries the same list of the round's nodes not in the sum,
+:data:`~shuffle_opacus.flower.secagg_node.NOT_IN_SUM_KEY`, so each node checks the rule itself);
+**well-formed replies** (before Flower reads a reply, its SecAgg+ part is checked against what
+the stage expects, and a reply that does not fit raises
+:class:`~shuffle_opacus.flower.ProtocolViolationError` with one line naming the stage and the
+problem). It also keeps, for the last round, the stage where the round halted and the distinct
+reasons of the nodes' error replies (no node identities).
 """
 
 from __future__ import annotations
@@ -40,8 +30,8 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
 
+from .checkin_base import ProtocolViolationError
 from .secagg_node import NOT_IN_SUM_KEY
-from .strategy import ProtocolViolationError
 
 __all__ = ["STAGES", "SecAggWorkflow", "reply_problem"]
 

@@ -1,24 +1,15 @@
 """The check-in coins and the shuffler: the parts of a round a trusted party would run.
 
-In the shuffled check-in protocol (Liew & Takahashi, *Shuffle Gaussian Mechanism for
-Differential Privacy*, arXiv:2206.09569) the analyst sees only the number of reports of a round
-and their multiset: not who checked in, not which report came from whom. The accounting of
-:mod:`shuffle_opacus.analysis` relies on exactly that, and on the check-in coins being
-independent of the data. Here both steps run inside the ServerApp process:
-
-* :func:`check_in` flips one coin per connected node, with probability ``rate`` of heads;
-* :func:`shuffle_replies` drops the replies that carry an error, rebuilds every other reply with
-  metadata that is the same for all of them (no source node, no message id, no timestamps, one
-  TTL) and returns them in a uniformly random order.
-
-Running them in the same process as the aggregation is a *simulation* of a trusted shuffler:
-whoever operates the ServerApp (or the SuperLink, which routes the messages) knows who checked
-in and which reply came from which node. The guarantee computed by the strategy holds against an
-analyst that receives only the shuffler's output (the aggregate and the round's metrics).
-
-Randomness: :func:`make_rng` returns :class:`random.SystemRandom` (the operating system's
-cryptographically secure source) unless a seed is given; a seed gives Python's Mersenne Twister,
-which is reproducible and meant for tests and experiments only.
+The shuffled check-in analysis (Liew & Takahashi, arXiv:2206.09569) assumes the analyst sees only
+the number of reports of a round and their multiset, and that the coins are independent of the
+data. :func:`check_in` flips one coin per connected node with probability ``rate``;
+:func:`shuffle_replies` drops error replies, rebuilds every other reply with the same metadata for
+all (no source node, message id or timestamps, one TTL) and returns them in uniformly random
+order. Both run inside the ServerApp process, so they *simulate* a trusted shuffler: the
+guarantee holds against an analyst that receives only their output, not against the operator of
+the ServerApp or SuperLink (``docs/flower.md``). :func:`make_rng` returns
+:class:`random.SystemRandom` unless a seed is given (Python's Mersenne Twister, for tests and
+experiments only).
 """
 
 from __future__ import annotations

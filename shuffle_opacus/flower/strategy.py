@@ -1,54 +1,23 @@
-"""The server side: FedAvg under the shuffled check-in protocol, with ε after every round.
+"""The server side of the trusted-server mode: FedAvg under the shuffled check-in protocol.
 
-:class:`ShuffleCheckInFedAvg` wraps Flower's message-API ``FedAvg``:
-
-* **check-in** (:meth:`~ShuffleCheckInFedAvg.configure_train`): it waits until exactly
-  ``num_nodes`` nodes are connected (the population ``n`` the accountant uses), flips one coin
-  with probability γ per node (:func:`~shuffle_opacus.flower.shuffler.check_in`) and sends the
-  current model and the privacy parameters to the nodes that checked in. A round where nobody
-  checked in sends nothing, leaves the model as it is, and is still a round of the protocol:
-  it is accounted and its metrics are recorded;
-* **shuffler** (:meth:`~ShuffleCheckInFedAvg.aggregate_train`): the replies lose their node
-  identities and are permuted (:func:`~shuffle_opacus.flower.shuffler.shuffle_replies`) before
-  anything else looks at them; every reply must echo the strategy's σ, C, γ, δ and
-  sensitivity (:meth:`~shuffle_opacus.flower.config.ShufflePrivacyConfig.differences`) and
-  have the shapes of the model sent, or the run stops with :class:`ProtocolViolationError`;
-  a report farther from the model sent than an honest one can be
-  (:meth:`~ShuffleCheckInFedAvg.report_bound`, non-finite values included) is dropped and
-  counted in the round's ``num-rejected``; FedAvg then averages the remaining anonymous reports
-  with equal weights;
-* **accountant**: every round that was configured is accounted by the package's check-in
-  analysis (:func:`shuffle_opacus.history_epsilon` with protocol ``checkin``, population
-  ``num_nodes``), and the round's ``MetricRecord`` carries ``epsilon`` (at ``delta``);
-* **budget stop** (:meth:`~ShuffleCheckInFedAvg.start`): before each round, if the ε after one
-  more round would exceed ``max_epsilon``, the run ends without running that round;
-* **start-up check** (:meth:`~ShuffleCheckInFedAvg.verify_nodes`): before the first round,
-  every node receives the privacy parameters alone (no model) and its mod must echo them; a
-  node without the mod, with a higher noise floor or another sensitivity convention stops the
-  run with one line naming the problem, before any round is run or accounted.
-
-Privacy statement (user level). Neighbouring federations differ in the whole dataset of one
-node (replace-one). Under the sensitivity convention of the configuration, the node's two
-possible clipped updates are ``2C`` (``replace-one``) or ``C`` (``paper``) apart; each report
-adds ``N(0, σ²C²)`` per coordinate; check-in coins are independent of the data; the analyst
-sees only, per round, the number of reports and their multiset (trusted shuffler, see
-:mod:`shuffle_opacus.flower.shuffler`), and every node that checked in reports (the run stops
-on a missing report unless ``tolerate_dropouts``; dropouts are outside the analysis). Then the
-released models and round metrics are (ε, δ)-DP with the ε reported, by Theorem 1 of Liew &
-Takahashi (*Shuffle Gaussian Mechanism for Differential Privacy*, arXiv:2206.09569) averaged
-over the binomial number of check-ins (method ``exact``; see ``docs/maths.md``), RDP composition
-over rounds and the RDP-to-DP conversion of that paper's Lemma 2.
-
-Client-side evaluation is not part of the protocol (its replies would release unaccounted
-statistics): this strategy sends no evaluation instructions. Evaluate on the server with
-public data (``evaluate_fn``).
+:class:`ShuffleCheckInFedAvg` wraps Flower's message-API ``FedAvg``. In every round it waits for
+exactly ``num_nodes`` nodes, flips one coin with probability γ per node
+(:func:`~shuffle_opacus.flower.shuffler.check_in`) and sends the model to the nodes that checked
+in; the replies lose their node identities and are permuted
+(:func:`~shuffle_opacus.flower.shuffler.shuffle_replies`), must echo the run's privacy
+parameters and the model's shapes (else :class:`ProtocolViolationError`), are dropped beyond
+:meth:`~ShuffleCheckInFedAvg.report_bound`, and FedAvg averages the rest. Every configured
+round, an empty one included, is accounted by the check-in accountant (population
+``num_nodes``). The start-up check, the budget stop and the round bookkeeping are
+:class:`~shuffle_opacus.flower.checkin_base.CheckInBase`'s. The privacy statement (Theorem 1 of
+Liew & Takahashi, arXiv:2206.09569, with a trusted shuffler) is in ``docs/flower.md``. No
+client-side evaluation: evaluate on the server with public data (``evaluate_fn``).
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import cast
 
@@ -58,15 +27,25 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
-from ..accounting import history_epsilon
 from ..analysis._validation import check_int, check_positive
-from ..protocols import HistoryEntry, get_protocol
-from .config import CONFIG_KEYS, HANDSHAKE_KEY, NUM_EXAMPLES_KEY, ShufflePrivacyConfig
-from .mod import REFUSED
+from ..protocols import get_protocol
+from .checkin_base import (
+    CheckInBase,
+    EvaluateFn,
+    ProtocolViolationError,
+    check_privacy,
+    wait_for_population,
+)
+from .config import (
+    CONFIG_KEYS,
+    HANDSHAKE_KEY,
+    NUM_EXAMPLES_KEY,
+    TRUSTED_SERVER,
+    ShufflePrivacyConfig,
+)
 from .shuffler import ShuffledReplies, check_in, make_rng, shuffle_replies
 
 __all__ = [
-    "CheckInAccounting",
     "HONEST_REPORT_TAIL",
     "ROUND_METRIC_KEYS",
     "ProtocolViolationError",
@@ -93,116 +72,7 @@ ROUND_METRIC_KEYS: tuple[str, ...] = (
 HONEST_REPORT_TAIL = 1e-12
 
 
-class ProtocolViolationError(RuntimeError):
-    """A reply, the population or a dropout does not fit the accounted protocol."""
-
-
-def wait_for_population(grid: Grid, num_nodes: int, timeout: float) -> list[int]:
-    """Wait until exactly ``num_nodes`` nodes are connected; return their ids, sorted.
-
-    Args:
-        grid: The Grid of the ServerApp.
-        num_nodes: The population ``n`` the accountant uses.
-        timeout: Seconds to wait.
-
-    Returns:
-        The ids of the connected nodes.
-
-    Raises:
-        ProtocolViolationError: if more than ``num_nodes`` are connected, or fewer after
-            ``timeout`` seconds.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        ids = sorted(int(i) for i in grid.get_node_ids())
-        if len(ids) > num_nodes:
-            raise ProtocolViolationError(
-                f"{len(ids)} nodes are connected but num_nodes = {num_nodes} is the "
-                f"population the accountant uses; start exactly num_nodes nodes."
-            )
-        if len(ids) == num_nodes:
-            return ids
-        left = deadline - time.monotonic()
-        if left < 0:
-            raise ProtocolViolationError(
-                f"only {len(ids)} of num_nodes = {num_nodes} nodes connected within {timeout:g} s."
-            )
-        log(INFO, "waiting for nodes: %d of %d connected", len(ids), num_nodes)
-        time.sleep(min(1.0, left + 1e-3))
-
-
-class CheckInAccounting:
-    """The accountant's side of both check-in strategies (trusted-server and SecAgg+).
-
-    A subclass sets ``privacy`` (the :class:`ShufflePrivacyConfig`), ``history`` (the list of
-    ``(noise_multiplier, rate, rounds)`` entries accounted), ``max_epsilon`` and
-    ``_unprotected_rounds`` (rounds run with sigma = 0), and says which population the
-    accountant uses (:attr:`accounting_population`: ``n`` nodes, or ``n - D`` under SecAgg+).
-    ε is :func:`shuffle_opacus.history_epsilon` with protocol ``checkin``, that population and
-    the configuration's sensitivity and method: replace-one adjacency of one node, adaptive
-    rounds.
-    """
-
-    privacy: ShufflePrivacyConfig
-    history: list[HistoryEntry]
-    max_epsilon: float | None
-    _unprotected_rounds: int
-
-    @property
-    def accounting_population(self) -> int:
-        """The population ``n`` the accountant uses."""
-        raise NotImplementedError
-
-    @property
-    def rounds_accounted(self) -> int:
-        """Number of rounds accounted so far (every round whose instructions went out)."""
-        return int(sum(steps for _, _, steps in self.history)) + self._unprotected_rounds
-
-    def epsilon(self, rounds: int | None = None) -> float:
-        """ε at ``privacy.delta`` after ``rounds`` rounds (default: the rounds accounted so far).
-
-        The history of this run, extended with identical rounds when ``rounds`` exceeds it. 0 for
-        no round; ``inf`` when any round is (or would be) noiseless.
-
-        Raises:
-            ValueError: for ``rounds`` smaller than the rounds already accounted.
-        """
-        done = self.rounds_accounted
-        rounds = done if rounds is None else check_int("rounds", rounds, minimum=done)
-        if rounds == 0:
-            return 0.0
-        if self._unprotected_rounds or self.privacy.noise_multiplier == 0.0:
-            return math.inf
-        history = list(self.history)
-        if rounds > done:
-            history.append((self.privacy.noise_multiplier, self.privacy.rate, rounds - done))
-        result = history_epsilon(
-            history,
-            protocol=_CHECKIN,
-            delta=self.privacy.delta,
-            population=self.accounting_population,
-            sensitivity=self.privacy.sensitivity,
-            method=self.privacy.method,
-        )
-        return float(result.epsilon)
-
-    def budget_allows_another_round(self) -> bool:
-        """Return whether one more round keeps ε within ``max_epsilon`` (True without budget)."""
-        if self.max_epsilon is None:
-            return True
-        return self.epsilon(self.rounds_accounted + 1) <= self.max_epsilon
-
-    def _account_round(self) -> None:
-        sigma, rate = self.privacy.noise_multiplier, self.privacy.rate
-        if sigma == 0.0:
-            self._unprotected_rounds += 1
-        elif self.history and self.history[-1][:2] == (sigma, rate):
-            self.history[-1] = (sigma, rate, self.history[-1][2] + 1)
-        else:
-            self.history.append((sigma, rate, 1))
-
-
-class ShuffleCheckInFedAvg(CheckInAccounting, FedAvg):
+class ShuffleCheckInFedAvg(CheckInBase, FedAvg):
     """FedAvg with check-in, a shuffler, the check-in accountant and an ε budget.
 
     Attributes:
@@ -214,6 +84,9 @@ class ShuffleCheckInFedAvg(CheckInAccounting, FedAvg):
         round_metrics: The metrics of each round that ran (:data:`ROUND_METRIC_KEYS`).
         stop_reason: Why :meth:`start` ended before ``num_rounds`` (``None`` otherwise).
     """
+
+    mode = TRUSTED_SERVER
+    mod_name = "LocalShuffleDPMod"
 
     def __init__(
         self,
@@ -251,19 +124,14 @@ class ShuffleCheckInFedAvg(CheckInAccounting, FedAvg):
         Raises:
             ValueError: for an argument outside its range.
         """
-        if not isinstance(privacy, ShufflePrivacyConfig):
-            raise ValueError(f"privacy must be a ShufflePrivacyConfig. Found {type(privacy)!r}.")
+        privacy = check_privacy(privacy)
         num_nodes = check_int("num_nodes", num_nodes, minimum=1)
         _CHECKIN.sample_rate(population=num_nodes, rate=privacy.rate)
-        if max_epsilon is not None:
-            max_epsilon = check_positive("max_epsilon", max_epsilon)
-        node_wait_timeout = check_positive("node_wait_timeout", node_wait_timeout)
         if not isinstance(tolerate_dropouts, bool):
             raise ValueError(
                 f"tolerate_dropouts must be True or False. Found {tolerate_dropouts!r}."
             )
-        if not isinstance(verify_nodes, bool):
-            raise ValueError(f"verify_nodes must be True or False. Found {verify_nodes!r}.")
+        self._init_checkin(privacy, num_nodes, max_epsilon, node_wait_timeout, verify_nodes)
         rng = make_rng(seed)
         super().__init__(
             fraction_train=1.0,
@@ -275,22 +143,12 @@ class ShuffleCheckInFedAvg(CheckInAccounting, FedAvg):
             arrayrecord_key=arrayrecord_key,
             configrecord_key=configrecord_key,
         )
-        self.privacy = privacy
-        self.num_nodes = num_nodes
-        self.max_epsilon = max_epsilon
-        self.node_wait_timeout = node_wait_timeout
         self.tolerate_dropouts = tolerate_dropouts
-        self.check_nodes_at_start = verify_nodes
-        self.history: list[HistoryEntry] = []
-        self.epsilons: dict[int, float] = {}
-        self.round_metrics: dict[int, dict[str, float | int]] = {}
-        self.stop_reason: str | None = None
         self._rng = rng
-        self._unprotected_rounds = 0
         self._open_rounds: dict[int, tuple[int, dict[str, tuple[tuple[int, ...], np.dtype]]]] = {}
         self._sent: dict[int, dict[str, np.ndarray]] = {}
-        if privacy.noise_multiplier == 0.0:
-            log(WARNING, "noise_multiplier = 0: the reports carry no noise; epsilon is infinite")
+        self._counts: tuple[int, int, int] = (0, 0, 0)
+        self._train_config = ConfigRecord()
         if privacy.delta >= 1.0 / num_nodes:
             log(
                 WARNING,
@@ -351,9 +209,6 @@ class ShuffleCheckInFedAvg(CheckInAccounting, FedAvg):
         log(INFO, "\t│\t└── epsilon budget: %s", budget)
         log(INFO, "\t└──> No client-side evaluation (it would release unaccounted statistics)")
 
-    def _population(self, grid: Grid) -> list[int]:
-        return wait_for_population(grid, self.num_nodes, self.node_wait_timeout)
-
     def _instruction_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         clash = sorted(set(config) & {*CONFIG_KEYS.values(), HANDSHAKE_KEY})
         if clash:
@@ -366,57 +221,15 @@ class ShuffleCheckInFedAvg(CheckInAccounting, FedAvg):
             out[key] = value
         return out
 
-    def verify_nodes(self, grid: Grid, timeout: float) -> None:
-        """Check, before any round, that every node's mod accepts this run's parameters.
-
-        Sends every node of the population a training instruction that carries the privacy
-        parameters and the flag ``shuffle-dp.handshake`` but no model. The mod
-        (:class:`~shuffle_opacus.flower.LocalShuffleDPMod`) answers with the echo of the
-        parameters, or refuses (noise floor, sensitivity convention, noiseless run), without
-        running the training code. Nothing is accounted: no data is touched.
-
-        Args:
-            grid: The Grid of the ServerApp.
-            timeout: Seconds to wait for the answers (> 0).
-
-        Raises:
-            ProtocolViolationError: naming, in one line, what the nodes that disagree (or did
-                not answer, or run no mod) replied.
-        """
-        node_ids = self._population(grid)
+    def _handshake_config(self) -> tuple[str, ConfigRecord]:
         config = ConfigRecord({**self.privacy.to_config(), HANDSHAKE_KEY: True})
-        messages = [
-            Message(
-                content=RecordDict({self.configrecord_key: config}),
-                dst_node_id=node,
-                message_type=MessageType.TRAIN,
-            )
-            for node in node_ids
-        ]
-        replies = list(grid.send_and_receive(messages, timeout=timeout))
-        problems: set[str] = set()
-        for reply in replies:
-            if reply.has_error():
-                reason = str(reply.error.reason or f"error code {reply.error.code}")
-                if reply.error.code != REFUSED:
-                    reason += " (is LocalShuffleDPMod the first mod of the ClientApp?)"
-                problems.add(reason)
-                continue
-            content = reply.content
-            metrics = list(content.metric_records.values())
-            if len(metrics) != 1 or len(content.array_records) or len(content.config_records):
-                problems.add("a reply is not the mod's echo (is LocalShuffleDPMod the first mod?)")
-                continue
-            problems.update(self.privacy.differences(metrics[0]))
-        missing = len(node_ids) - len(replies)
-        if missing:
-            problems.add(f"{missing} nodes did not answer within {timeout:g} s")
-        if problems:
-            raise ProtocolViolationError(
-                f"start-up check: the nodes do not accept this run's privacy parameters "
-                f"({'; '.join(sorted(problems))}); no round was run."
-            )
-        log(INFO, "start-up check: all %d nodes accept the privacy parameters", len(node_ids))
+        return self.configrecord_key, config
+
+    def _echo_problems(self, content: RecordDict) -> list[str]:
+        metrics = list(content.metric_records.values())
+        if len(metrics) != 1 or len(content.array_records) or len(content.config_records):
+            return ["a reply is not the mod's echo (is LocalShuffleDPMod the first mod?)"]
+        return self.privacy.differences(metrics[0])
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -463,8 +276,8 @@ class ShuffleCheckInFedAvg(CheckInAccounting, FedAvg):
             raise ProtocolViolationError(
                 f"round {server_round}: a reply holds {len(arrays)} ArrayRecords, "
                 f"{len(metrics)} MetricRecords and {len(content.config_records)} "
-                f"ConfigRecords; the shuffle-model mod sends exactly one of the first two. Is "
-                f"LocalShuffleDPMod the first mod of the ClientApp?"
+                f"ConfigRecords; the shuffle-model mod sends exactly one of the first two (is "
+                f"LocalShuffleDPMod the first mod of the ClientApp?)."
             )
         problems = self.privacy.differences(metrics[0])
         if problems:
@@ -531,6 +344,7 @@ class ShuffleCheckInFedAvg(CheckInAccounting, FedAvg):
         shuffled: ShuffledReplies = shuffle_replies(replies, self._rng)
         reports = shuffled.reports
         dropped = sent - len(reports)
+        self._counts = (sent, len(reports), dropped)
         if dropped:
             reasons = "; ".join(shuffled.error_reasons) or "no reply"
             message = (
@@ -559,20 +373,28 @@ class ShuffleCheckInFedAvg(CheckInAccounting, FedAvg):
         arrays = None
         if kept:
             arrays, _ = super().aggregate_train(server_round, kept)
-        epsilon = self.epsilon()
-        self.epsilons[server_round] = epsilon
-        values: dict[str, float | int] = {
-            "epsilon": epsilon,
+        self.epsilons[server_round] = self.epsilon()
+        values = self._metrics(sent, len(reports), dropped, rejected)
+        self.round_metrics[server_round] = values
+        return arrays, MetricRecord(dict(values))
+
+    def _metrics(
+        self, checked_in: int, reports: int, dropped: int, rejected: int
+    ) -> dict[str, float | int]:
+        return {
+            "epsilon": self.epsilon(),
             "delta": self.privacy.delta,
             "rounds-accounted": self.rounds_accounted,
             "num-nodes": self.num_nodes,
-            "num-checked-in": sent,
-            "num-reports": len(reports),
+            "num-checked-in": checked_in,
+            "num-reports": reports,
             "num-dropped": dropped,
             "num-rejected": rejected,
         }
-        self.round_metrics[server_round] = values
-        return arrays, MetricRecord(dict(values))
+
+    def _failed_round_metrics(self, server_round: int) -> dict[str, float | int]:
+        """Return the counts established before the round failed (``num-rejected`` 0)."""
+        return self._metrics(*self._counts, 0)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -586,13 +408,6 @@ class ShuffleCheckInFedAvg(CheckInAccounting, FedAvg):
         """Return ``None``: there is no client-side evaluation."""
         return None
 
-    def _budget_message(self, server_round: int) -> str:
-        after = self.epsilon(self.rounds_accounted + 1)
-        return (
-            f"stopped before round {server_round}: epsilon would reach {after:.6g} > budget "
-            f"{self.max_epsilon:g} (delta = {self.privacy.delta:g})"
-        )
-
     def start(
         self,
         grid: Grid,
@@ -601,16 +416,17 @@ class ShuffleCheckInFedAvg(CheckInAccounting, FedAvg):
         timeout: float = 3600,
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        evaluate_fn: EvaluateFn | None = None,
     ) -> Result:
         """Run up to ``num_rounds`` rounds; stop before a round that would exceed the budget.
 
         First the start-up check (:meth:`verify_nodes`, unless switched off or the budget
         allows no round). Then each round: check-in and instructions (:meth:`configure_train`),
-        the replies of the
-        nodes that checked in (none are waited for in an empty round), shuffling, checks,
-        averaging and accounting (:meth:`aggregate_train`), then ``evaluate_fn`` on the
-        server. The round's metrics go to ``result.train_metrics_clientapp[round]``.
+        the replies of the nodes that checked in (none are waited for in an empty round),
+        shuffling, checks, averaging and accounting (:meth:`aggregate_train`), then
+        ``evaluate_fn`` on the server and one JSON line on the log
+        (:func:`~shuffle_opacus.flower.checkin_base.round_line`). The round's metrics go to
+        ``result.train_metrics_clientapp[round]``.
 
         Args:
             grid: The Grid of the ServerApp.
@@ -629,7 +445,10 @@ class ShuffleCheckInFedAvg(CheckInAccounting, FedAvg):
         Raises:
             ValueError: for an argument outside its range (before any round).
             ProtocolViolationError: as :meth:`verify_nodes`, :meth:`configure_train` and
-                :meth:`aggregate_train`.
+                :meth:`aggregate_train`. A round that fails after its instructions went out
+                (a malformed reply, a dropout) is accounted, its metrics are recorded (the
+                counts established so far, ``num-rejected`` 0), :attr:`stop_reason` says why,
+                and the error is that one line.
         """
         num_rounds = check_int("num_rounds", num_rounds, minimum=1)
         timeout = check_positive("timeout", timeout)
@@ -637,45 +456,26 @@ class ShuffleCheckInFedAvg(CheckInAccounting, FedAvg):
             raise ValueError("evaluate_config must be empty: there is no client-side evaluation.")
         train_config = ConfigRecord() if train_config is None else train_config
         self._instruction_config(0, train_config)  # refuses clashing keys before any round
-        log(INFO, "Starting %s for up to %d rounds", type(self).__name__, num_rounds)
-        self.summary()
-        result = Result()
-        result.arrays = initial_arrays
-        arrays = initial_arrays
-        if evaluate_fn is not None:
-            evaluation = evaluate_fn(0, arrays)
-            if evaluation is not None:
-                result.evaluate_metrics_serverapp[0] = evaluation
-        started = time.monotonic()
-        if self.check_nodes_at_start and self.budget_allows_another_round():
-            self.verify_nodes(grid, timeout)
-        for server_round in range(1, num_rounds + 1):
-            if not self.budget_allows_another_round():
-                self.stop_reason = self._budget_message(server_round)
-                log(INFO, "%s", self.stop_reason)
-                break
-            log(INFO, "")
-            log(INFO, "[ROUND %d/%d]", server_round, num_rounds)
-            messages = self.configure_train(server_round, arrays, train_config, grid)
-            replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
-            new_arrays, metrics = self.aggregate_train(server_round, replies)
-            if new_arrays is not None:
-                arrays = new_arrays
-                result.arrays = arrays
-            if metrics is not None:
-                result.train_metrics_clientapp[server_round] = metrics
-                log(
-                    INFO,
-                    "round %d: %d reports, epsilon = %.6g (delta = %g)",
-                    server_round,
-                    int(cast(int, metrics["num-reports"])),
-                    float(cast(float, metrics["epsilon"])),
-                    self.privacy.delta,
-                )
-            if evaluate_fn is not None:
-                evaluation = evaluate_fn(server_round, arrays)
-                if evaluation is not None:
-                    result.evaluate_metrics_serverapp[server_round] = evaluation
-                    log(INFO, "round %d: server evaluation %s", server_round, dict(evaluation))
-        log(INFO, "strategy finished in %.2f s", time.monotonic() - started)
-        return result
+        self._train_config = train_config
+        return self._run(grid, initial_arrays, num_rounds, timeout, evaluate_fn)
+
+    def _play_round(
+        self, server_round: int, arrays: ArrayRecord, grid: Grid, timeout: float
+    ) -> ArrayRecord:
+        """Check-in and instructions, the replies, then shuffling, checks and averaging."""
+        self._counts = (0, 0, 0)
+        messages = self.configure_train(server_round, arrays, self._train_config, grid)
+        if server_round in self._open_rounds:
+            self._counts = (self._open_rounds[server_round][0], 0, 0)
+        replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+        new_arrays, metrics = self.aggregate_train(server_round, replies)
+        if metrics is not None:
+            log(
+                INFO,
+                "round %d: %d reports, epsilon = %.6g (delta = %g)",
+                server_round,
+                int(cast(int, metrics["num-reports"])),
+                float(cast(float, metrics["epsilon"])),
+                self.privacy.delta,
+            )
+        return arrays if new_arrays is None else new_arrays

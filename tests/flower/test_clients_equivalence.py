@@ -39,7 +39,7 @@ from shuffle_opacus.flower import (  # noqa: E402
     ShuffleCheckInFedAvg,
     ShufflePrivacyConfig,
 )
-from shuffle_opacus.flower.inprocess import FIRST_NODE_ID  # noqa: E402
+from shuffle_opacus.flower.testing import FIRST_NODE_ID  # noqa: E402
 
 SIZES = [6, 2, 9, 4, 11, 3, 7, 5]
 TRAINING = LocalTraining(client_lr=0.3, local_steps=3, local_batch_size=4)

@@ -27,7 +27,7 @@ from shuffle_opacus.flower import (  # noqa: E402
     ShuffleCheckInFedAvg,
     ShufflePrivacyConfig,
 )
-from shuffle_opacus.flower.inprocess import FIRST_NODE_ID  # noqa: E402
+from shuffle_opacus.flower.testing import FIRST_NODE_ID  # noqa: E402
 
 N_NODES, LR, CLIP, ROUNDS = 12, 0.5, 2.5, 4
 

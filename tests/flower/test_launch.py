@@ -26,25 +26,30 @@ pytest.importorskip("flwr")
 
 from shuffle_opacus import history_epsilon  # noqa: E402
 from shuffle_opacus.flower import ROUND_METRIC_KEYS, SECAGG_ROUND_METRIC_KEYS  # noqa: E402
-from shuffle_opacus.flower.launch import (  # noqa: E402
+from shuffle_opacus.flower.federation import (  # noqa: E402
     LocalFederation,
-    RoundPrinter,
     _alive,
     _marked,
-    toml_overrides,
+    write_config,
 )
+from shuffle_opacus.flower.launch import RoundPrinter  # noqa: E402
 
 TINY_APP = Path(__file__).resolve().parent / "tiny_app"
 MNIST_APP = Path(__file__).resolve().parents[2] / "experiments" / "flower_mnist"
 
 
-def test_toml_overrides():
-    text = toml_overrides({"a": 1, "b": 0.5, "c": "x", "d": True, "e": float("inf")})
-    assert text == "a=1 b=0.5 c='x' d=true e=inf"
-    with pytest.raises(ValueError, match="cannot contain a quote"):
-        toml_overrides({"a": "it's"})
+def test_config_files_are_what_flower_reads(tmp_path):
+    """The TOML files given to ``flwr run -c``, ``--federation-config`` and ``--node-config``
+    read back, through Flower's own parser, as the values written (quotes included)."""
+    from flwr.common.config import parse_config_args
+
+    values = {"a": 1, "b": 0.5, "c": "x", "d": True, "e": float("inf"), "f": 'it\'s "/x y"'}
+    path = write_config(tmp_path / "sub" / "run.toml", values)
+    assert parse_config_args([str(path)]) == values
     with pytest.raises(ValueError, match="must be bool, int, float or str"):
-        toml_overrides({"a": [1]})
+        write_config(tmp_path / "run.toml", {"a": [1]})
+    with pytest.raises(ValueError, match="path must end in .toml"):
+        write_config(tmp_path / "run.txt", {"a": 1})
 
 
 @pytest.mark.parametrize(
@@ -103,9 +108,9 @@ def test_flwr_run_simulation_both_modes(tmp_path):
     assert log.count(f"start-up check: all {nodes} nodes accept the privacy parameters") == 2
     assert log.count("Secure aggregation completed.") == 3
     # The log is named by the run id, and the console got a line per round while it ran (the
-    # trusted-server part's rounds; the last round's line waits for the stream's end).
+    # trusted-server part's rounds, then the secure-aggregation part's).
     assert outcome.log_path.name == f"run-{outcome.run_id}.log"
-    assert [line.split(":")[0] for line in console[:3]] == ["round 1/3", "round 2/3", "round 3/3"]
+    assert [line.split(":")[0] for line in console] == ["round 1/3", "round 2/3", "round 3/3"] * 2
     (result_file,) = out.iterdir()
     record = json.loads(result_file.read_text())
     trusted, secagg = record["trusted-server"], record["secagg"]
@@ -195,6 +200,56 @@ def test_mnist_app_in_process(tmp_path, monkeypatch, mode):
     replies = [r for r in seen if r.has_content()]
     assert len(replies) >= (nodes if mode == "trusted-server" else 4 * 2 * nodes)
     assert all("train-loss" not in repr(r.content) for r in replies)
+
+
+@pytest.mark.parametrize("budget", [False, True], ids=["last-round", "budget-stop"])
+def test_mnist_app_evaluates_the_last_round(tmp_path, monkeypatch, budget):
+    """3 rounds with ``evaluate-every = 5`` (a 3-round run once ended with
+    ``final_test_accuracy: null``): round 3 is evaluated; under a budget that stops the run
+    after round 1, round 1 is. ``final_test_accuracy`` is that round's accuracy."""
+    monkeypatch.syspath_prepend(str(MNIST_APP))
+    for name in [m for m in sys.modules if m.startswith("flower_mnist")]:
+        monkeypatch.delitem(sys.modules, name)
+    tomllib = pytest.importorskip("tomllib")
+    from flower_mnist.client_app import app as client_app
+    from flower_mnist.server_app import app as server_app
+    from flwr.app import Context, RecordDict
+
+    from shuffle_opacus.flower import InProcessGrid
+
+    def epsilon(rounds):
+        return history_epsilon(
+            [(1.0, 0.5, rounds)], protocol="checkin", delta=1e-5, population=3
+        ).epsilon
+
+    config = {
+        **tomllib.loads((MNIST_APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"][
+            "config"
+        ],
+        "num-nodes": 3,
+        "examples-per-node": 4,
+        "rate": 0.5,
+        "noise-multiplier": 1.0,
+        "num-server-rounds": 3,
+        "evaluate-every": 5,
+        "test-examples": 20,
+        "checkin-seed": 0,
+        "out-dir": str(tmp_path),
+        "max-epsilon": (epsilon(1) + epsilon(2)) / 2 if budget else float("inf"),
+    }
+    server_app(
+        InProcessGrid(client_app, 3, run_config=config), Context(5, 0, {}, RecordDict(), config)
+    )
+    with (tmp_path / "run-5" / "rounds.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    last = 1 if budget else 3
+    assert [int(r["round"]) for r in rows] == list(range(last + 1))
+    evaluated = [int(r["round"]) for r in rows if r["test-accuracy"]]
+    assert evaluated == [0, last]
+    summary = json.loads((tmp_path / "run-5" / "summary.json").read_text())
+    assert summary["rounds"] == last
+    assert summary["final_test_accuracy"] == float(rows[last]["test-accuracy"])
+    assert (summary["stop_reason"] is not None) == budget
 
 
 def _wrap(app, outer):

@@ -8,37 +8,53 @@ import pytest
 
 pytest.importorskip("flwr")
 
+from shuffle_opacus.flower.checkin_base import round_line  # noqa: E402
 from shuffle_opacus.flower.launch import RoundPrinter, main  # noqa: E402
 
 TINY_APP = Path(__file__).parent / "tiny_app"
 
-LOG = """\
-INFO :      [ROUND 1/3]
-INFO :      round 1: 9 reports, epsilon = 4.18214 (delta = 1e-05)
-INFO :      [ROUND 2/3]
-INFO :      round 2: 11 reports, epsilon = 5.90022 (delta = 1e-05)
-INFO :      round 2: server evaluation {'test-loss': 0.41, 'test-accuracy': 0.8812}
-INFO :      [ROUND 3/3]
-INFO :      round 3: 0 reports, epsilon = 7.2 (delta = 1e-05)
-INFO :      round 4: 8 nodes in the secure sum, 3 checked in, epsilon = 8.1 (delta = 1e-05)
-"""
+
+def _line(r, metrics, evaluation=None, stop_reason=None, mode="trusted-server"):
+    record = {
+        "round": r,
+        "num_rounds": 3,
+        "mode": mode,
+        "metrics": {"delta": 1e-05, **metrics},
+        "evaluation": evaluation,
+        "stop_reason": stop_reason,
+    }
+    return "INFO :      " + round_line(record)
+
+
+LOG = [
+    "INFO :      [ROUND 1/3]",
+    "INFO :      round 1: 9 reports, epsilon = 4.18214 (delta = 1e-05)",  # not read: no JSON
+    _line(1, {"epsilon": 4.182141234, "num-reports": 9}),
+    "INFO :      [ROUND 2/3]",
+    _line(2, {"epsilon": 5.90022, "num-reports": 11}, {"test-loss": 0.41, "test-accuracy": 0.8812}),
+    "INFO :      shuffle-dp.round {not json",
+    _line(3, {"epsilon": 7.2, "num-reports": 0}),
+    _line(4, {"epsilon": 8.1, "num-in-sum": 8, "num-checked-in": 3}, mode="secagg"),
+    _line(5, {"epsilon": float("inf"), "num-in-sum": 0, "num-checked-in": 0}, None, "halted"),
+]
 
 
 def test_one_line_per_round_with_the_accuracy_when_evaluated():
     lines: list[str] = []
     printer = RoundPrinter(lines.append, total=3)
-    for line in LOG.splitlines():
+    for line in LOG:
         printer(line)
-    assert lines[:2] == [
+    assert lines == [
         "round 1/3: 9 reports, epsilon 4.18214 (delta 1e-05)",
         "round 2/3: 11 reports, epsilon 5.90022 (delta 1e-05), test-accuracy 0.8812",
-    ]  # a round waits for a possible evaluation until the next round's line ...
-    assert lines[-1] == "round 3/3: 0 reports, epsilon 7.2 (delta 1e-05)"  # round 4 came
-    printer.flush()  # ... until the stream ends
-    assert lines[-1] == (
-        "round 4/3: 8 nodes in the secure sum, 3 checked in, epsilon 8.1 (delta 1e-05)"
-    )
-    assert printer.rounds_printed == 4
+        "round 3/3: 0 reports, epsilon 7.2 (delta 1e-05)",
+        "round 4/3: 8 nodes in the secure sum, 3 checked in, epsilon 8.1 (delta 1e-05)",
+        "round 5/3: 0 nodes in the secure sum, 0 checked in, epsilon inf (delta 1e-05); halted",
+    ]  # each round as soon as its line arrives, the evaluation in it
+    assert printer.rounds_printed == 5
+    untold: list[str] = []
+    RoundPrinter(untold.append)(LOG[2])  # without total: the round line's num_rounds
+    assert untold == ["round 1/3: 9 reports, epsilon 4.18214 (delta 1e-05)"]
 
 
 def test_nodes_and_num_nodes_must_agree_before_anything_starts(tmp_path, capsys):
@@ -49,3 +65,28 @@ def test_nodes_and_num_nodes_must_agree_before_anything_starts(tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "-c num-nodes=100 disagrees with --nodes 5" in err
     assert not (tmp_path / "w").exists()  # refused before the federation was prepared
+
+
+def test_help_says_where_rounds_csv_goes(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "OUT_DIR/run-<run id>/ the app's own results" in text
+    assert "writes rounds.csv (one row per round" in text
+    assert "--out-dir OUT_DIR sets the app's out-dir (made absolute): rounds.csv" in text
+    assert "WORK_DIR/logs/ superlink.log, supernode-<i>.log and run-<run id>.log" in text
+
+
+def test_out_dir_needs_an_app_with_out_dir(tmp_path, capsys):
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "pyproject.toml").write_text("[tool.flwr.app.config]\nnum-nodes = 2\n")
+    with pytest.raises(SystemExit) as info:
+        main(["simulation", str(app), "--nodes", "2", "--out-dir", "x",
+              "--work-dir", str(tmp_path / "w")])  # fmt: skip
+    assert info.value.code == 2 and "has no out-dir setting" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["simulation", str(TINY_APP), "--nodes", "2", "--out-dir", "x", "-c", "out-dir='/y'",
+              "--work-dir", str(tmp_path / "w")])  # fmt: skip
+    assert "--out-dir or -c out-dir=..., not both" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()

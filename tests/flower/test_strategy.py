@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 pytest.importorskip("flwr")
 
 import opacus.accountants  # noqa: E402, F401  (registration runs before the import below)
-from flwr.app import Array, ArrayRecord, ConfigRecord  # noqa: E402
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord  # noqa: E402
 
 from shuffle_opacus.accountants import ShuffledCheckInAccountant  # noqa: E402
 from shuffle_opacus.flower import (  # noqa: E402
@@ -21,6 +22,7 @@ from shuffle_opacus.flower import (  # noqa: E402
     ShuffleCheckInFedAvg,
     ShufflePrivacyConfig,
 )
+from shuffle_opacus.flower.checkin_base import read_round_line, round_line  # noqa: E402
 
 from .helpers import coordinate_update, model, numpy_app, shift_update  # noqa: E402
 
@@ -289,6 +291,50 @@ def test_a_mod_applying_other_parameters_stops_the_run():
         run(unchecked, grid, 1)
 
 
+def _second_array(msg, ctx, call_next):
+    """Outside the mod: a second ArrayRecord in every training reply (never in the echo)."""
+    reply = call_next(msg, ctx)
+    if reply.has_content() and reply.content.array_records:
+        reply.content["extra"] = ArrayRecord({"x": Array(np.zeros(1, dtype=np.float32))})
+    return reply
+
+
+def _fails_for_node_2(pid, received):
+    if pid == 2:
+        raise RuntimeError("node 2 fails")
+    return shift_update()(pid, received)
+
+
+@pytest.mark.parametrize(
+    ("update", "outer", "text", "counts"),
+    [
+        (shift_update(), [_second_array], "a reply holds 2 ArrayRecords", (4, 4, 0)),
+        (_fails_for_node_2, [], "1 of 4 nodes that checked in sent no report", (4, 3, 1)),
+    ],
+    ids=["malformed", "dropout"],
+)
+def test_a_failed_round_ends_the_run_with_its_metrics_and_a_stop_reason(
+    update, outer, text, counts
+):
+    """As in the secure-aggregation mode: one line, the round accounted, its metrics (the counts
+    established before it failed) and the stop reason recorded, the model unchanged."""
+    mod = LocalShuffleDPMod(min_noise_multiplier=0.0)
+    app = numpy_app(update, with_mod=False, leak=False, extra_mods=[*outer, mod])
+    strategy = ShuffleCheckInFedAvg(privacy=privacy(rate=1.0), num_nodes=4, seed=0)
+    with pytest.raises(ProtocolViolationError, match=text) as info:
+        run(strategy, InProcessGrid(app, 4), 3)
+    message = str(info.value)
+    assert message.startswith("round 1: ") and "\n" not in message
+    accounted = f"; the round is accounted (epsilon = {strategy.epsilon():.6g}) and the model"
+    assert message.endswith(accounted + " is unchanged.")
+    assert strategy.stop_reason == message.rstrip(".")
+    assert strategy.rounds_accounted == 1 and strategy.epsilons == {1: strategy.epsilon()}
+    metrics = strategy.round_metrics[1]
+    assert set(metrics) == set(ROUND_METRIC_KEYS) and metrics["epsilon"] == strategy.epsilon()
+    assert (metrics["num-checked-in"], metrics["num-reports"], metrics["num-dropped"]) == counts
+    assert metrics["num-rejected"] == 0 and metrics["rounds-accounted"] == 1
+
+
 def test_refusals_are_dropouts():
     app = numpy_app(shift_update(), mod=LocalShuffleDPMod(min_noise_multiplier=2.0))
     strategy = ShuffleCheckInFedAvg(privacy=privacy(rate=1.0), num_nodes=3)
@@ -380,3 +426,38 @@ def test_server_evaluation_every_round():
 
     result = run(strategy, grid, 4, evaluate_fn=evaluate)
     assert sorted(result.evaluate_metrics_serverapp) == [0, 2, 4]
+
+
+def test_one_json_line_per_round_on_the_log():
+    """After every round the strategy logs one JSON line with a fixed prefix: the round's
+    metrics and its server evaluation, as the result holds them (the launcher reads these)."""
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("flwr")
+    logger.addHandler(handler)
+    try:
+        strategy = ShuffleCheckInFedAvg(privacy=privacy(rate=0.5), num_nodes=4, seed=1)
+        result = run(
+            strategy,
+            InProcessGrid(numpy_app(shift_update()), 4),
+            2,
+            evaluate_fn=lambda r, arrays: MetricRecord({"test-accuracy": 0.5}) if r == 2 else None,
+        )
+    finally:
+        logger.removeHandler(handler)
+    records = [r for r in map(read_round_line, messages) if r is not None]
+    assert [(r["round"], r["num_rounds"], r["mode"]) for r in records] == [
+        (1, 2, "trusted-server"),
+        (2, 2, "trusted-server"),
+    ]
+    for record in records:
+        assert record["metrics"] == dict(result.train_metrics_clientapp[record["round"]])
+        assert record["stop_reason"] is None
+    assert [r["evaluation"] for r in records] == [None, {"test-accuracy": 0.5}]
+    line = round_line({"round": 1, "metrics": {"epsilon": math.inf}})
+    assert "\n" not in line and read_round_line("INFO :      " + line) == {
+        "round": 1,
+        "metrics": {"epsilon": "inf"},
+    }
+    assert read_round_line("round 1: 3 reports") is None

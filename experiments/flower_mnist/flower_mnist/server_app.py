@@ -6,9 +6,10 @@ shuffles, or ``secagg``, every node draws its own coin and the reports are summe
 SecAgg+), the population, the privacy parameters and the budget. After every round the
 ServerApp appends a row to ``OUT-DIR/run-<run id>/rounds.csv`` (when ``out-dir`` is set; it must
 be absolute, since a ServerApp runs in the SuperLink's working directory): the round, ε, the
-number of check-ins, the elapsed time and, every ``evaluate-every`` rounds, the accuracy on the
-first ``test-examples`` MNIST test images (public data: evaluating on it costs no privacy). A
-``summary.json`` follows at the end.
+number of check-ins, the elapsed time and, every ``evaluate-every`` rounds and after the last
+round that runs, the accuracy on the first ``test-examples`` MNIST test images (public data:
+evaluating on it costs no privacy). A ``summary.json`` follows at the end; its
+``final_test_accuracy`` is the last round's, ``null`` only with ``evaluate-every = 0``.
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ def main(grid: Grid, context: Context) -> None:
     model = initial_model(name, setting(rc, "model-seed", int))
     every = setting(rc, "evaluate-every", int)
     test = test_data(setting(rc, "test-examples", int)) if every > 0 else None
+    if test is None:
+        log(20, "no server-side evaluation (evaluate-every = 0): final_test_accuracy is null")
+    num_rounds = setting(rc, "num-server-rounds", int)
     out = setting(rc, "out-dir", str)
     run_dir = Path(out) / f"run-{context.run_id}" if out else None
     if run_dir is not None:
@@ -100,7 +104,12 @@ def main(grid: Grid, context: Context) -> None:
 
     def after_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         result: dict[str, float] = {}
-        if test is not None and (server_round % every == 0 or server_round == 0):
+        # The last round that runs is evaluated too: the configured last one, or the last one
+        # the budget allows (the strategy stops before the next).
+        last = server_round == num_rounds or (
+            server_round > 0 and not strategy.budget_allows_another_round()
+        )
+        if test is not None and (server_round % every == 0 or last):
             result = evaluate(load_weights(initial_model(name, 0), arrays), *test)
         if run_dir is not None:
             metrics = strategy.round_metrics.get(server_round, {})
@@ -122,7 +131,7 @@ def main(grid: Grid, context: Context) -> None:
     result = strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(model.state_dict()),
-        num_rounds=setting(rc, "num-server-rounds", int),
+        num_rounds=num_rounds,
         timeout=setting(rc, "round-timeout", float),
         evaluate_fn=after_round,
     )

@@ -1,20 +1,13 @@
-"""A Flower ``Grid`` that runs a ``ClientApp`` in the calling process, for tests and benchmarks.
+"""Testing helpers for the Flower part: a ``Grid`` that runs a ``ClientApp`` in this process.
 
-:class:`InProcessGrid` stands in for the SuperLink and SuperNodes: ``push_messages`` hands every
-instruction to the ``ClientApp`` of its destination node, one after the other, and keeps the
-reply for ``pull_messages``. No Ray, no sockets, no subprocesses. It behaves like the runtime
-where the protocol depends on it:
-
-* each node has its own ``Context`` (``node_config`` with ``partition-id`` and
-  ``num-partitions`` as in Flower's simulation, and a ``state`` that persists across rounds);
-* the ``ClientApp`` receives a deep copy of the instruction, as it would after transport, so
-  it cannot change the server's objects;
-* an exception raised by the ``ClientApp`` becomes an error reply, as in Flower's runtime;
-* replies carry the node's id as their source, so the shuffler has identities to strip.
-
-It is not a model of timing, failures or concurrency. :attr:`InProcessGrid.deliveries` records
-the destination nodes of every ``push_messages`` call (what the transport layer would know), for
-tests.
+:class:`InProcessGrid` stands in for the SuperLink and SuperNodes, for tests and benchmarks:
+``push_messages`` hands every instruction to the ``ClientApp`` of its destination node, one after
+the other, and keeps the reply for ``pull_messages``. No Ray, no sockets, no subprocesses. Each
+node has its own ``Context`` (``partition-id`` and ``num-partitions`` as in Flower's simulation,
+a ``state`` that persists across rounds); the ``ClientApp`` gets a deep copy of the instruction;
+an exception it raises becomes an error reply; replies carry the node's id as their source. It
+is not a model of timing, failures or concurrency. :attr:`InProcessGrid.deliveries` records the
+destination nodes of every ``push_messages`` call. ``shuffle_opacus.flower`` exports it too.
 """
 
 from __future__ import annotations

@@ -1,0 +1,498 @@
+"""What both check-in strategies share, whatever the trust mode.
+
+:class:`CheckInBase` is the base of :class:`~shuffle_opacus.flower.ShuffleCheckInFedAvg`
+(trusted-server mode) and :class:`~shuffle_opacus.flower.SecAggCheckInFedAvg` (secure-aggregation
+mode): the check-in accountant and the ε budget, waiting for exactly ``n`` nodes
+(:func:`wait_for_population`), the start-up check (:func:`check_nodes`), and the loop of rounds
+(budget stop, server evaluation, a round that ends the run keeps its metrics and a stop reason).
+After every round it logs one JSON line that starts with :data:`ROUND_LINE_PREFIX`
+(:func:`round_line`, :func:`read_round_line`); the launcher's console reads those lines.
+A subclass says what one round is (:meth:`CheckInBase._play_round`), what its nodes echo at
+start-up and which population the accountant uses. ``docs/flower.md`` describes both modes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from logging import INFO, WARNING
+from typing import Any, NoReturn
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
+
+from ..accounting import history_epsilon
+from ..analysis._validation import check_int, check_positive
+from ..protocols import HistoryEntry, get_protocol
+from .config import ShufflePrivacyConfig
+from .mod import REFUSED
+
+__all__ = [
+    "ROUND_LINE_PREFIX",
+    "CheckInBase",
+    "EvaluateFn",
+    "ProtocolViolationError",
+    "check_nodes",
+    "check_privacy",
+    "read_round_line",
+    "round_line",
+    "wait_for_population",
+]
+
+_CHECKIN = get_protocol("checkin")
+
+#: The start of the JSON line a strategy logs after every round (see :func:`round_line`).
+ROUND_LINE_PREFIX = "shuffle-dp.round "
+
+#: Server-side evaluation ``f(round, arrays)``, as both strategies' ``start`` take it.
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+
+
+class ProtocolViolationError(RuntimeError):
+    """A reply, the population or a dropout does not fit the accounted protocol."""
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with non-finite floats as the strings ``inf``, ``-inf`` and ``nan``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def round_line(record: Mapping[str, Any]) -> str:
+    """Return ``record`` as one line: :data:`ROUND_LINE_PREFIX` and compact JSON.
+
+    Args:
+        record: The round's record (``round``, ``num_rounds``, ``mode``, ``metrics``,
+            ``evaluation``, ``stop_reason``); non-finite floats become ``"inf"``/``"nan"``.
+
+    Returns:
+        The line, without a newline.
+    """
+    return ROUND_LINE_PREFIX + json.dumps(_jsonable(record), separators=(",", ":"))
+
+
+def read_round_line(line: str) -> dict[str, Any] | None:
+    """Return the record of a line written by :func:`round_line`, wherever it sits in ``line``.
+
+    Args:
+        line: One line of a log (a logger's prefix before the record is allowed).
+
+    Returns:
+        The record, or ``None`` for a line without one (or whose JSON does not parse).
+    """
+    start = line.find(ROUND_LINE_PREFIX)
+    if start < 0:
+        return None
+    try:
+        record = json.loads(line[start + len(ROUND_LINE_PREFIX) :])
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def check_privacy(privacy: Any) -> ShufflePrivacyConfig:
+    """Return ``privacy`` if it is a :class:`ShufflePrivacyConfig`.
+
+    Raises:
+        ValueError: otherwise.
+    """
+    if not isinstance(privacy, ShufflePrivacyConfig):
+        raise ValueError(f"privacy must be a ShufflePrivacyConfig. Found {type(privacy)!r}.")
+    return privacy
+
+
+def wait_for_population(grid: Grid, num_nodes: int, timeout: float) -> list[int]:
+    """Wait until exactly ``num_nodes`` nodes are connected; return their ids, sorted.
+
+    Args:
+        grid: The Grid of the ServerApp.
+        num_nodes: The population ``n`` the accountant uses.
+        timeout: Seconds to wait.
+
+    Returns:
+        The ids of the connected nodes.
+
+    Raises:
+        ProtocolViolationError: if more than ``num_nodes`` are connected, or fewer after
+            ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        ids = sorted(int(i) for i in grid.get_node_ids())
+        if len(ids) > num_nodes:
+            raise ProtocolViolationError(
+                f"{len(ids)} nodes are connected but num_nodes = {num_nodes} is the "
+                f"population the accountant uses; start exactly num_nodes nodes."
+            )
+        if len(ids) == num_nodes:
+            return ids
+        left = deadline - time.monotonic()
+        if left < 0:
+            raise ProtocolViolationError(
+                f"only {len(ids)} of num_nodes = {num_nodes} nodes connected within {timeout:g} s."
+            )
+        log(INFO, "waiting for nodes: %d of %d connected", len(ids), num_nodes)
+        time.sleep(min(1.0, left + 1e-3))
+
+
+def check_nodes(
+    grid: Grid,
+    node_ids: list[int],
+    *,
+    config: ConfigRecord,
+    config_key: str,
+    echo_problems: Callable[[RecordDict], list[str]],
+    mod_name: str,
+    timeout: float,
+) -> None:
+    """Run the start-up check: every node's mod must accept the run's parameters.
+
+    Sends every node a training instruction holding ``config`` (the run's parameters and the
+    flag ``shuffle-dp.handshake``) and no model; each node's mod answers with its echo, or
+    refuses, without running the training code. Nothing is accounted: no data is touched.
+
+    Args:
+        grid: The Grid of the ServerApp.
+        node_ids: The ``n`` nodes of the run.
+        config: The instruction's ConfigRecord.
+        config_key: Its key in the instruction's RecordDict.
+        echo_problems: What is wrong with one reply's content (empty: it is the right echo).
+        mod_name: The mod a node must run first, named in the error.
+        timeout: Seconds to wait for the answers (> 0).
+
+    Raises:
+        ProtocolViolationError: naming, in one line, what the nodes that disagree (or did not
+            answer, or run no mod) replied.
+    """
+    messages = [
+        Message(
+            content=RecordDict({config_key: config}),
+            dst_node_id=node,
+            message_type=MessageType.TRAIN,
+        )
+        for node in node_ids
+    ]
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    problems: set[str] = set()
+    for reply in replies:
+        if reply.has_error():
+            reason = str(reply.error.reason or f"error code {reply.error.code}")
+            if reply.error.code != REFUSED:
+                reason += f" (is {mod_name} the first mod of the ClientApp?)"
+            problems.add(reason)
+            continue
+        problems.update(echo_problems(reply.content))
+    missing = len(node_ids) - len(replies)
+    if missing:
+        problems.add(f"{missing} nodes did not answer within {timeout:g} s")
+    if problems:
+        raise ProtocolViolationError(
+            f"start-up check: the nodes do not accept this run's privacy parameters "
+            f"({'; '.join(sorted(problems))}); no round was run."
+        )
+    log(INFO, "start-up check: all %d nodes accept the privacy parameters", len(node_ids))
+
+
+class CheckInBase:
+    """The accountant, the budget, the start-up check and the rounds of both check-in modes.
+
+    A subclass calls :meth:`_init_checkin` in its constructor and implements
+    :attr:`accounting_population`, :meth:`summary`, :meth:`_handshake_config`,
+    :meth:`_echo_problems`, :meth:`_play_round` and :meth:`_failed_round_metrics`. ε is
+    :func:`shuffle_opacus.history_epsilon` with protocol ``checkin``, that population and the
+    configuration's sensitivity and method: replace-one adjacency of one node, adaptive rounds.
+
+    Attributes:
+        privacy: σ, C, γ, δ, sensitivity convention and analysis method.
+        num_nodes: ``n``, the nodes every round waits for.
+        max_epsilon: ε budget at ``privacy.delta`` (``None``: none).
+        node_wait_timeout: Seconds to wait for the ``n`` nodes.
+        check_nodes_at_start: Whether :meth:`_run` starts with :meth:`verify_nodes`.
+        history: Accounted rounds in Opacus's format ``(noise_multiplier, rate, rounds)``.
+        epsilons: ε after each round that ran, by round number.
+        round_metrics: The metrics of each round that ran, by round number.
+        stop_reason: Why the run ended before its last round (``None`` otherwise).
+    """
+
+    #: The trust mode (:data:`~shuffle_opacus.flower.config.MODES`), in the round lines.
+    mode: str = ""
+    #: The mod a node must run first, named in the start-up check's errors.
+    mod_name: str = ""
+
+    privacy: ShufflePrivacyConfig
+    num_nodes: int
+    max_epsilon: float | None
+    node_wait_timeout: float
+    check_nodes_at_start: bool
+    history: list[HistoryEntry]
+    epsilons: dict[int, float]
+    round_metrics: dict[int, dict[str, float | int]]
+    stop_reason: str | None
+    _unprotected_rounds: int
+
+    def _init_checkin(
+        self,
+        privacy: ShufflePrivacyConfig,
+        num_nodes: int,
+        max_epsilon: float | None,
+        node_wait_timeout: float,
+        verify_nodes: bool,
+    ) -> None:
+        """Check the arguments both modes share and set the attributes.
+
+        Raises:
+            ValueError: for ``max_epsilon``, ``node_wait_timeout`` or ``verify_nodes`` outside
+                its range.
+        """
+        if max_epsilon is not None:
+            max_epsilon = check_positive("max_epsilon", max_epsilon)
+        node_wait_timeout = check_positive("node_wait_timeout", node_wait_timeout)
+        if not isinstance(verify_nodes, bool):
+            raise ValueError(f"verify_nodes must be True or False. Found {verify_nodes!r}.")
+        self.privacy = privacy
+        self.num_nodes = int(num_nodes)
+        self.max_epsilon = max_epsilon
+        self.node_wait_timeout = node_wait_timeout
+        self.check_nodes_at_start = verify_nodes
+        self.history = []
+        self.epsilons = {}
+        self.round_metrics = {}
+        self.stop_reason = None
+        self._unprotected_rounds = 0
+        if privacy.noise_multiplier == 0.0:
+            log(WARNING, "noise_multiplier = 0: the reports carry no noise; epsilon is infinite")
+
+    # --- accounting ---------------------------------------------------------------------
+
+    @property
+    def accounting_population(self) -> int:
+        """The population ``n`` the accountant uses."""
+        raise NotImplementedError
+
+    @property
+    def rounds_accounted(self) -> int:
+        """Number of rounds accounted so far (every round whose instructions went out)."""
+        return int(sum(steps for _, _, steps in self.history)) + self._unprotected_rounds
+
+    def epsilon(self, rounds: int | None = None) -> float:
+        """ε at ``privacy.delta`` after ``rounds`` rounds (default: the rounds accounted so far).
+
+        The history of this run, extended with identical rounds when ``rounds`` exceeds it.
+
+        Args:
+            rounds: Number of rounds (at least the rounds accounted); ``None``: those.
+
+        Returns:
+            ε; 0 for no round, ``inf`` when any round is (or would be) noiseless.
+
+        Raises:
+            ValueError: for ``rounds`` smaller than the rounds already accounted.
+        """
+        done = self.rounds_accounted
+        rounds = done if rounds is None else check_int("rounds", rounds, minimum=done)
+        if rounds == 0:
+            return 0.0
+        if self._unprotected_rounds or self.privacy.noise_multiplier == 0.0:
+            return math.inf
+        history = list(self.history)
+        if rounds > done:
+            history.append((self.privacy.noise_multiplier, self.privacy.rate, rounds - done))
+        result = history_epsilon(
+            history,
+            protocol=_CHECKIN,
+            delta=self.privacy.delta,
+            population=self.accounting_population,
+            sensitivity=self.privacy.sensitivity,
+            method=self.privacy.method,
+        )
+        return float(result.epsilon)
+
+    def budget_allows_another_round(self) -> bool:
+        """Return whether one more round keeps ε within ``max_epsilon`` (True without budget)."""
+        if self.max_epsilon is None:
+            return True
+        return self.epsilon(self.rounds_accounted + 1) <= self.max_epsilon
+
+    def _account_round(self) -> None:
+        sigma, rate = self.privacy.noise_multiplier, self.privacy.rate
+        if sigma == 0.0:
+            self._unprotected_rounds += 1
+        elif self.history and self.history[-1][:2] == (sigma, rate):
+            self.history[-1] = (sigma, rate, self.history[-1][2] + 1)
+        else:
+            self.history.append((sigma, rate, 1))
+
+    def _budget_message(self, server_round: int) -> str:
+        after = self.epsilon(self.rounds_accounted + 1)
+        return (
+            f"stopped before round {server_round}: epsilon would reach {after:.6g} > budget "
+            f"{self.max_epsilon:g} (delta = {self.privacy.delta:g})"
+        )
+
+    # --- what a mode says ---------------------------------------------------------------
+
+    def summary(self) -> None:
+        """Log the protocol's parameters."""
+        raise NotImplementedError
+
+    def _handshake_config(self) -> tuple[str, ConfigRecord]:
+        """Return the key and the ConfigRecord of the start-up check's instruction."""
+        raise NotImplementedError
+
+    def _echo_problems(self, content: RecordDict) -> list[str]:
+        """Return what is wrong with one node's start-up answer (empty: nothing)."""
+        raise NotImplementedError
+
+    def _play_round(
+        self, server_round: int, arrays: ArrayRecord, grid: Grid, timeout: float
+    ) -> ArrayRecord:
+        """Run one round from ``arrays``; return the model after it.
+
+        Raises:
+            ProtocolViolationError: with one line saying why the round could not finish.
+        """
+        raise NotImplementedError
+
+    def _failed_round_metrics(self, server_round: int) -> dict[str, float | int]:
+        """Return the metrics of a round that ended the run before it recorded its own."""
+        raise NotImplementedError
+
+    # --- the run ------------------------------------------------------------------------
+
+    def _population(self, grid: Grid) -> list[int]:
+        return wait_for_population(grid, self.num_nodes, self.node_wait_timeout)
+
+    def verify_nodes(self, grid: Grid, timeout: float) -> None:
+        """Check, before any round, that every node's mod accepts this run's parameters.
+
+        Sends every node of the population a training instruction with the run's parameters
+        and the flag ``shuffle-dp.handshake`` but no model; the node's mod answers with its
+        echo, or refuses (noise floor, sensitivity convention, noiseless run, and under SecAgg+
+        the check-in ceiling and the mode), without running the training code. Nothing is
+        accounted: no data is touched.
+
+        Args:
+            grid: The Grid of the ServerApp.
+            timeout: Seconds to wait for the answers (> 0).
+
+        Raises:
+            ProtocolViolationError: naming, in one line, what the nodes that disagree (or did
+                not answer, or run no mod) replied.
+        """
+        key, config = self._handshake_config()
+        check_nodes(
+            grid,
+            self._population(grid),
+            config=config,
+            config_key=key,
+            echo_problems=self._echo_problems,
+            mod_name=self.mod_name,
+            timeout=timeout,
+        )
+
+    def _run(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int,
+        timeout: float,
+        evaluate_fn: EvaluateFn | None,
+    ) -> Result:
+        """Run up to ``num_rounds`` rounds (arguments checked by the subclass's ``start``).
+
+        Evaluates the initial model (round 0), runs the start-up check (unless switched off
+        or the budget allows no round), then each round: the budget check, the round
+        (:meth:`_play_round`), its metrics into the result, ``evaluate_fn``, and one line
+        (:func:`round_line`) on the log.
+
+        Returns:
+            Flower's ``Result``: the final model and the metrics of every round that ran.
+
+        Raises:
+            ProtocolViolationError: from the start-up check, or a round that could not finish
+                (see :meth:`_stop`).
+        """
+        log(INFO, "Starting %s for up to %d rounds", type(self).__name__, num_rounds)
+        self.summary()
+        result = Result()
+        result.arrays = initial_arrays
+        arrays = initial_arrays
+        if evaluate_fn is not None:
+            evaluation = evaluate_fn(0, arrays)
+            if evaluation is not None:
+                result.evaluate_metrics_serverapp[0] = evaluation
+        started = time.monotonic()
+        if self.check_nodes_at_start and self.budget_allows_another_round():
+            self.verify_nodes(grid, timeout)
+        for server_round in range(1, num_rounds + 1):
+            if not self.budget_allows_another_round():
+                self.stop_reason = self._budget_message(server_round)
+                log(INFO, "%s", self.stop_reason)
+                break
+            log(INFO, "")
+            log(INFO, "[ROUND %d/%d]", server_round, num_rounds)
+            accounted = self.rounds_accounted
+            try:
+                arrays = self._play_round(server_round, arrays, grid, timeout)
+            except ProtocolViolationError as exc:
+                self._stop(server_round, num_rounds, accounted, str(exc).rstrip("."))
+            result.arrays = arrays
+            if server_round in self.round_metrics:
+                metrics = MetricRecord(dict(self.round_metrics[server_round]))
+                result.train_metrics_clientapp[server_round] = metrics
+            evaluation = None
+            if evaluate_fn is not None:
+                evaluation = evaluate_fn(server_round, arrays)
+                if evaluation is not None:
+                    result.evaluate_metrics_serverapp[server_round] = evaluation
+                    log(INFO, "round %d: server evaluation %s", server_round, dict(evaluation))
+            self._log_round(server_round, num_rounds, evaluation)
+        log(INFO, "strategy finished in %.2f s", time.monotonic() - started)
+        return result
+
+    def _log_round(
+        self, server_round: int, num_rounds: int, evaluation: MetricRecord | None
+    ) -> None:
+        record = {
+            "round": server_round,
+            "num_rounds": num_rounds,
+            "mode": self.mode,
+            "metrics": dict(self.round_metrics.get(server_round, {})),
+            "evaluation": None if evaluation is None else dict(evaluation),
+            "stop_reason": self.stop_reason,
+        }
+        log(INFO, "%s", round_line(record))
+
+    def _stop(self, server_round: int, num_rounds: int, accounted: int, reason: str) -> NoReturn:
+        """Record a round that could not finish, set :attr:`stop_reason` and end the run.
+
+        A round whose instructions went out is accounted: its ε, its metrics (from
+        :meth:`_failed_round_metrics` when it recorded none) and its line are kept.
+
+        Raises:
+            ProtocolViolationError: always, with ``reason`` and what was accounted.
+        """
+        if self.rounds_accounted == accounted:  # nothing went out: nothing to record
+            raise ProtocolViolationError(reason + ".")
+        epsilon = self.epsilon()
+        self.epsilons[server_round] = epsilon
+        outcome = "the model is unchanged"
+        if server_round in self.round_metrics:
+            outcome = "the model is as that round left it"
+        else:
+            self.round_metrics[server_round] = self._failed_round_metrics(server_round)
+        self.stop_reason = (
+            f"{reason}; the round is accounted (epsilon = {epsilon:.6g}) and {outcome}"
+        )
+        log(WARNING, "%s", self.stop_reason)
+        self._log_round(server_round, num_rounds, None)
+        raise ProtocolViolationError(self.stop_reason + ".")
