@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from copy import deepcopy
 from typing import TYPE_CHECKING, Any
 
-from .analysis._validation import MAX_INT, check_int, check_positive, check_probability
+from ._validation import MAX_INT, check_int, check_positive, check_probability
 from .releases import ReleaseRecord
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def read_history(
     """Validate a saved history: a sequence of ``(noise_multiplier, sample_rate, steps)``.
 
     ``steps`` of an entry, and the rounds of all entries together, are at most
-    :data:`~shuffle_opacus.analysis._validation.MAX_INT` (``2**62``, the largest count the
+    :data:`~shuffle_opacus._validation.MAX_INT` (``2**62``, the largest count the
     analyses take), so ``len(accountant)`` and epsilon can be computed for what is loaded.
 
     Args:

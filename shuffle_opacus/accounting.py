@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .analysis._validation import check_delta, check_int, check_positive
+from ._validation import check_delta, check_int, check_positive
 from .analysis.epsilon import rounds_epsilon
 from .analysis.limits import (
     API_MAX_SECONDS,

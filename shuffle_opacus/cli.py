@@ -29,14 +29,14 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from . import render
-from .accounting import calibrate
-from .analysis._validation import (
+from ._validation import (
     SIGMA_RANGE,
     check_delta,
     check_positive,
     check_probability,
     check_sigma,
 )
+from .accounting import calibrate
 from .analysis.catalogue import CATALOGUE, PARAMETERS, account
 from .analysis.limits import CLI_MAX_SECONDS, observe
 from .analysis.options import KRR_ADVERSARIES

@@ -31,7 +31,7 @@ from opacus.optimizers.optimizer import (
     _mark_as_processed,
 )
 
-from .analysis._validation import check_positive, check_probability
+from ._validation import check_positive, check_probability
 
 __all__ = ["NOISE_MODES", "LocalNoiseDPOptimizer", "local_noise_sum"]
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from .analysis._validation import check_int, check_positive
+from ._validation import check_int, check_positive
 
 __all__ = [
     "ClientPartition",

@@ -39,9 +39,9 @@ from opacus.validators import ModuleValidator
 from torch import nn
 from torch.utils.data import DataLoader
 
+from ._validation import check_positive
 from .accountants import ACCOUNTANTS, ShuffleAccountantBase
 from .accounting import calibrate_noise_multiplier
-from .analysis._validation import check_positive
 from .clipping import ClippedSumModule, FastGradientClipper
 from .loading import (
     _first_example,

@@ -55,7 +55,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .analysis._validation import _found, _real, check_int, check_positive, check_probability
+from ._validation import _found, _real, check_int, check_positive, check_probability
 from .analysis.mechanisms import Mechanism, RoundSetting, get_mechanism
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping
 
-from .analysis._validation import check_int
+from ._validation import check_int
 
 __all__ = ["MAX_ROUND", "ReleaseRecord", "ReplayError"]
 

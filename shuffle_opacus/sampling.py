@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from .analysis._validation import check_int, check_probability
+from ._validation import check_int, check_probability
 from .releases import MAX_ROUND
 
 __all__ = ["ShuffleRoundSampler", "ShuffledCheckInSampler", "FixedSizeShuffledSampler"]

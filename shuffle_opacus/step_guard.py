@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .analysis._validation import check_positive, check_probability
+from ._validation import check_positive, check_probability
 
 if TYPE_CHECKING:
     from .accountants import ShuffleAccountantBase

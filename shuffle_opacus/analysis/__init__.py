@@ -21,7 +21,7 @@ aggregate noise divided by the sensitivity of the sum). Orders are integers >= 2
 
 from typing import TYPE_CHECKING
 
-from ._lazy import lazy_exports
+from .._lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers; at run time they load on first use
     from .approximate.analytic_gaussian import gaussian_dp_delta, gaussian_dp_epsilon

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ._lazy import lazy_function
-from ._validation import check_delta, check_int, check_positive, check_probability, check_sigma
+from .._lazy import lazy_function
+from .._validation import check_delta, check_int, check_positive, check_probability, check_sigma
 from .epsilon import compute_epsilon
 from .limits import API_MAX_SECONDS, MAX_ORDER, check_budget, work_budget
 from .mechanisms import MECHANISM_TABLE, Mechanism

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._lazy import lazy_function
-from ._validation import check_delta, check_int
+from .._lazy import lazy_function
+from .._validation import check_delta, check_int
 from .limits import (
     API_MAX_SECONDS,
     MAX_ORDER,

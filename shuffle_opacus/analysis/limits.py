@@ -20,7 +20,7 @@ Two layers use the estimates:
   starts, not after it.
 
 Independently of any budget, Rényi orders are capped at :data:`MAX_ORDER` everywhere
-(:func:`~shuffle_opacus.analysis._validation.check_orders`).
+(:func:`~shuffle_opacus._validation.check_orders`).
 """
 
 from __future__ import annotations

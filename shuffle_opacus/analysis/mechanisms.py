@@ -54,8 +54,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._lazy import lazy_function
-from ._validation import check_int, check_probability, check_sigma
+from .._lazy import lazy_function
+from .._validation import check_int, check_probability, check_sigma
 from .limits import (
     charge,
     largest_within,

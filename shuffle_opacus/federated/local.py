@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..analysis._validation import check_int, check_positive
+from .._validation import check_int, check_positive
 from ..partition import ClientPartition
 
 __all__ = ["LocalTraining", "local_batches"]

@@ -18,7 +18,7 @@ from opacus.grad_sample import AbstractGradSampleModule
 from torch import Tensor, nn
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
-from ..analysis._validation import check_int, check_positive
+from .._validation import check_int, check_positive
 from ..noise import NOISE_MODES
 from ..partition import ClientPartition, as_partition
 from ..plan_checks import check_release_plan

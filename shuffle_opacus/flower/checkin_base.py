@@ -25,8 +25,8 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from .._validation import check_int, check_positive
 from ..accounting import history_epsilon
-from ..analysis._validation import check_int, check_positive
 from ..protocols import HistoryEntry, get_protocol
 from .config import ShufflePrivacyConfig
 from .mod import REFUSED

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..analysis._validation import (
+from .._validation import (
     check_delta,
     check_nonnegative,
     check_positive,

@@ -34,7 +34,7 @@ from flwr.app import (
 )
 from flwr.clientapp.typing import ClientAppCallable
 
-from ..analysis._validation import check_int, check_nonnegative
+from .._validation import check_int, check_nonnegative
 from ..protocols import resolve_sensitivity
 from .config import CONFIG_KEYS, HANDSHAKE_KEY, ShufflePrivacyConfig
 

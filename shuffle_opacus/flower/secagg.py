@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import ndtri
 
-from ..analysis._validation import check_int, check_nonnegative, check_positive
+from .._validation import check_int, check_nonnegative, check_positive
 
 __all__ = [
     "CLIPPING_TAIL",

@@ -43,7 +43,7 @@ from flwr.common import Code, FitRes, Status, bytes_to_ndarray, ndarrays_to_para
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.compat.common import recorddict_compat as compat
 
-from ..analysis._validation import check_int, check_nonnegative, check_positive, check_probability
+from .._validation import check_int, check_nonnegative, check_positive, check_probability
 from ..protocols import resolve_sensitivity
 from .config import (
     ARRAY_NAMES_KEY,

@@ -50,7 +50,7 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from ..analysis._validation import check_int, check_positive
+from .._validation import check_int, check_positive
 from .checkin_base import CheckInBase, EvaluateFn, ProtocolViolationError, check_privacy
 from .config import (
     ARRAY_NAMES_KEY,

@@ -27,7 +27,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
-from ..analysis._validation import check_int, check_positive
+from .._validation import check_int, check_positive
 from ..protocols import get_protocol
 from .checkin_base import (
     CheckInBase,

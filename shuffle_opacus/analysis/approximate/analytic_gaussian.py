@@ -26,7 +26,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
-from .._validation import check_delta, check_nonnegative, check_sigma
+from ..._validation import check_delta, check_nonnegative, check_sigma
 
 __all__ = ["gaussian_dp_delta", "gaussian_dp_epsilon"]
 

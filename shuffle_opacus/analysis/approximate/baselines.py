@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import binom
 
-from .._validation import check_delta, check_int, check_positive, check_probability, check_sigma
+from ..._validation import check_delta, check_int, check_positive, check_probability, check_sigma
 from ..results import AccountingResult
 from .clones import (
     CLONES_METHODS,

@@ -37,7 +37,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.stats import binom
 
-from .._validation import check_delta, check_int, check_nonnegative, check_positive, check_sigma
+from ..._validation import check_delta, check_int, check_nonnegative, check_positive, check_sigma
 from ..options import CLONES_METHODS
 from .analytic_gaussian import gaussian_dp_epsilon
 

@@ -16,7 +16,7 @@ import numpy as np
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
-from .._validation import check_delta, check_int, check_nonnegative, check_positive
+from ..._validation import check_delta, check_int, check_nonnegative, check_positive
 from ..results import PLD_ACCOUNTING, PLD_ACCOUNTING_SYMMETRISED, AccountingResult
 
 __all__ = [

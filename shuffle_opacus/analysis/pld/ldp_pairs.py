@@ -38,7 +38,7 @@ from dp_accounting.pld import pld_pmf
 from scipy.special import gammaln
 from scipy.stats import binom
 
-from .._validation import check_int, check_positive
+from ..._validation import check_int, check_positive
 from ..options import LDP_PAIRS
 from .common import DEFAULT_TAIL, check_discretization, check_tail
 

@@ -24,7 +24,7 @@ from dp_accounting.pld import pld_pmf
 from scipy import fft
 from scipy.special import logsumexp
 
-from .._validation import check_delta, check_int
+from ..._validation import check_delta, check_int
 
 __all__ = ["PmfPowers", "compose_powers", "epsilon_for_delta", "DEFAULT_TRUNCATION"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._validation import check_delta, check_int, check_nonnegative, check_orders
+from ..._validation import check_delta, check_int, check_nonnegative, check_orders
 from ..limits import MAX_ORDER
 
 __all__ = [

@@ -44,7 +44,7 @@ import math
 import numpy as np
 from scipy.special import gammaln
 
-from .._validation import (
+from ..._validation import (
     check_delta,
     check_int,
     check_nonnegative,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validation import check_int, check_orders, check_sigma
+from ..._validation import check_int, check_orders, check_sigma
 from ..limits import MAX_ORDER
 from .series import shuffle_log_excess
 

@@ -17,7 +17,7 @@ import numbers
 
 import numpy as np
 
-from .limits import MAX_ORDER
+from .analysis.limits import MAX_ORDER
 
 __all__ = [
     "MAX_INT",
