@@ -50,19 +50,43 @@ def _row_is_sound(config: ExperimentConfig, row: dict[str, str], round_number: i
     return bool(row["test_accuracy"]) == _evaluated(config, round_number)
 
 
-def _rebuilt_row(session: Session, round_number: int) -> dict[str, str]:
-    """Return a round's row as far as the checkpoint determines it (no losses, no accuracy)."""
-    evaluated = _evaluated(session.config, round_number)
+def metrics_row(
+    session: Session,
+    round_number: int,
+    participants: int,
+    *,
+    train_loss: float | None = None,
+    test: tuple[float, float] | None = None,
+) -> tuple[dict[str, str], dict[str, float | None]]:
+    """Return a round's ``metrics.csv`` row and its epsilons (the one place rows are built).
+
+    Args:
+        session: The session (its curves give the epsilon columns).
+        round_number: The round (1-based).
+        participants: Its number of reports.
+        train_loss: The participants' mean training loss, if known.
+        test: ``(test loss, test accuracy)`` at an evaluation round, if known.
+
+    Returns:
+        The row as text, and the epsilons by curve (``None`` where a sparse curve skips it).
+    """
+    test_loss, accuracy = test if test is not None else (None, None)
     row = {
         "round": str(round_number),
-        "participants": str(len(session.sampler.batch(round_number - 1))),
-        "train_loss": "",
-        "test_loss": "",
-        "test_accuracy": "",
+        "participants": str(participants),
+        "train_loss": _fmt(train_loss),
+        "test_loss": _fmt(test_loss),
+        "test_accuracy": _fmt(accuracy),
     }
-    eps = session.curves.row(round_number, sparse=evaluated)
+    eps = session.curves.row(round_number, sparse=_evaluated(session.config, round_number))
     row.update({f"eps_{k}": _fmt(v) for k, v in eps.items()})
-    return row
+    return row, eps
+
+
+def _rebuilt_row(session: Session, round_number: int) -> dict[str, str]:
+    """Return a round's row as far as the checkpoint determines it (no losses, no accuracy)."""
+    participants = len(session.sampler.batch(round_number - 1))
+    return metrics_row(session, round_number, participants)[0]
 
 
 def _epsilon_record(row: dict[str, str], names: Sequence[str]) -> bytes:

@@ -92,7 +92,13 @@ from .files import (
     write_file,
 )
 from .guarantee import _check_accountant, _check_curves, _check_history, guarantee_record
-from .metrics_file import _checked_epsilons, _epsilon_record, _fmt, _metric_columns, _metrics_rows
+from .metrics_file import (
+    _checked_epsilons,
+    _epsilon_record,
+    _metric_columns,
+    _metrics_rows,
+    metrics_row,
+)
 from .rundir import (
     _make_dir,
     _point_latest_at,
@@ -282,20 +288,13 @@ def _train(
                 seconds += time.perf_counter() - began
                 done = t_index
                 participants_total += len(indices)
-                row: dict[str, str] = {
-                    "round": str(done),
-                    "participants": str(len(indices)),
-                    "train_loss": _fmt(loss),
-                    "test_loss": "",
-                    "test_accuracy": "",
-                }
                 evaluated = done % t.eval_every == 0 or done == rounds
+                test = None
                 if evaluated:
                     s = session
-                    test_loss, last_acc = evaluate(s.evaluated_model, s.test_x, s.test_y)
-                    row["test_loss"], row["test_accuracy"] = _fmt(test_loss), _fmt(last_acc)
-                eps = session.curves.row(done, sparse=evaluated)
-                row.update({f"eps_{k}": _fmt(v) for k, v in eps.items()})
+                    test = evaluate(s.evaluated_model, s.test_x, s.test_y)
+                    last_acc = test[1]
+                row, eps = metrics_row(session, done, len(indices), train_loss=loss, test=test)
                 writer.writerow(row)
                 epsilon_digest.update(_epsilon_record(row, names))
                 now = time.monotonic()
