@@ -31,9 +31,14 @@ API
   from the start of the process to its exit, as a user sees it), with its peak RSS and exit
   status.
 * :class:`RoundWorker` drives a contender living in another process (another interpreter, its
-  own memory record) round by round over a pipe; :func:`serve_rounds` is the worker's side.
+  own memory record) round by round over a pipe; :func:`serve_rounds` is the worker's side
+  (:func:`next_round` and :func:`answer` for a worker whose framework runs its own loop).
   Their CPU time counts as this comparison's own when the load of other processes is computed.
-* :func:`write_json` writes a result (or several) to a file.
+  :func:`pin_pids` pins workers that were set up unpinned.
+* :class:`ThreadedRounds` makes a framework that runs its own loop of rounds (with a callback
+  at each round boundary) into a contender timed one round per call.
+* :func:`probe` records the load while sleeping; :func:`write_json` writes a result (or
+  several) to a file.
 
 Load is read from ``/proc/stat`` (per-CPU busy time) and ``/proc/loadavg``: "others" is the
 busy CPU time of the whole machine minus that of this process, its children and its workers,
@@ -58,6 +63,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -66,10 +72,16 @@ from typing import Any
 __all__ = [
     "THREAD_VARS",
     "RoundWorker",
+    "ThreadedRounds",
+    "answer",
     "compare",
     "compare_commands",
     "machine",
+    "next_round",
+    "peak_rss_mib",
     "per_core",
+    "pin_pids",
+    "print_table",
     "probe",
     "serve_rounds",
     "thread_env",
@@ -212,17 +224,47 @@ def _least_busy_cpu(allowed: Sequence[int], seconds: float) -> int:
     return min(allowed, key=lambda i: (busy.get(i, 0), i))
 
 
+def _set_affinity(cpus: set[int], pid: int | None = None) -> None:
+    """Set the CPUs of every thread of a process (``sched_setaffinity`` acts per thread)."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid or 'self'}/task")]
+    except OSError:
+        tids = [pid or 0]
+    for tid in tids:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(tid, cpus)
+    if pid is None:
+        os.sched_setaffinity(0, cpus)
+
+
+def pin_pids(pids: Iterable[int], cpu: int | None) -> None:
+    """Pin running processes (every thread) to ``cpu``; ``None`` leaves them as they are.
+
+    For workers started unpinned, so that their set-up used every CPU, before their rounds are
+    timed on the parent's CPU.
+    """
+    if cpu is None or not hasattr(os, "sched_setaffinity"):
+        return
+    for pid in pids:
+        _set_affinity({cpu}, pid)
+
+
+_ALLOWED = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
 def per_core(threads: int = 1, cpu: int | None = None, *, pin: bool = True) -> int | None:
     """Set up a per-core measurement: pin this process to one CPU and limit its threads.
 
     Sets the variables of :data:`THREAD_VARS` (seen by libraries imported later and by child
     processes, which also inherit the pinning) and calls ``torch.set_num_threads`` when torch
-    is imported already. Call it before importing torch or numpy.
+    is imported already. Call it before importing torch or numpy. Every thread of the process
+    is moved; threads started later inherit it.
 
     Args:
         threads: Threads of every pool.
         cpu: The CPU to pin to; ``None`` picks the least busy allowed CPU over 0.3 s.
-        pin: ``False`` only limits the threads (for multi-thread measurements).
+        pin: ``False`` gives the process back every CPU it was allowed when this module was
+            imported (for multi-thread measurements) and only limits the threads.
 
     Returns:
         The CPU pinned to, or ``None`` when not pinned (or pinning is unavailable).
@@ -230,11 +272,13 @@ def per_core(threads: int = 1, cpu: int | None = None, *, pin: bool = True) -> i
     os.environ.update({var: str(threads) for var in THREAD_VARS})
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
-    if not pin or not hasattr(os, "sched_setaffinity"):
+    if not hasattr(os, "sched_setaffinity"):
         return None
-    allowed = sorted(os.sched_getaffinity(0))
-    chosen = _least_busy_cpu(allowed, 0.3) if cpu is None else cpu
-    os.sched_setaffinity(0, {chosen})
+    if not pin:
+        _set_affinity(set(_ALLOWED))
+        return None
+    chosen = _least_busy_cpu(_ALLOWED, 0.3) if cpu is None else cpu
+    _set_affinity({chosen})
     return chosen
 
 
@@ -565,9 +609,12 @@ class RoundWorker:
     with the round index; close it (or use it as a context manager) to get ``final``.
     """
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, argv: Sequence[str], env: Mapping[str, str] | None = None, *, hello: bool = False
+    ) -> None:
         self.argv = list(argv)
         self.final: dict[str, Any] | None = None
+        self.hello: dict[str, Any] | None = None
         self._proc = subprocess.Popen(
             self.argv,
             stdin=subprocess.PIPE,
@@ -577,6 +624,17 @@ class RoundWorker:
             bufsize=1,
         )
         self.pid: int | None = self._proc.pid
+        self._waiting_hello = hello
+
+    def wait_hello(self) -> dict[str, Any] | None:
+        """With ``hello=True``: wait for the worker's first record (sent once it is set up).
+
+        Workers can be started together and then waited for, so that their set-up overlaps.
+        """
+        if self._waiting_hello:
+            self._waiting_hello = False
+            self.hello = self._answer()
+        return self.hello
 
     def _answer(self) -> dict[str, Any]:
         assert self._proc.stdout is not None, "started with stdout=PIPE"
@@ -588,6 +646,7 @@ class RoundWorker:
         raise RuntimeError(f"worker {self.argv[:3]}... exited with status {code} mid-protocol")
 
     def __call__(self, round_index: int) -> dict[str, Any]:
+        self.wait_hello()
         assert self._proc.stdin is not None, "started with stdin=PIPE"
         self._proc.stdin.write(f"{round_index}\n")
         self._proc.stdin.flush()
@@ -596,6 +655,9 @@ class RoundWorker:
     def close(self) -> dict[str, Any] | None:
         """Stop the worker; return (and keep in ``final``) its final record."""
         if self.pid is None:
+            return self.final
+        if self._proc.poll() is not None:  # it ended on its own (e.g. after a refusal)
+            self.pid = None
             return self.final
         try:
             assert self._proc.stdin is not None, "started with stdin=PIPE"
@@ -620,24 +682,91 @@ class RoundWorker:
         self.close()
 
 
-def _say(record: Mapping[str, Any]) -> None:
+class _ClosedError(Exception):
+    """Raised at a driver's boundary after :meth:`ThreadedRounds.close`."""
+
+
+class ThreadedRounds:
+    """A contender whose driver runs its own loop of rounds, one round per call.
+
+    ``driver(boundary)`` runs in a thread of this process and must call ``boundary()`` before
+    its first round and after every round (a framework's per-round callback, e.g. Flower's
+    ``evaluate_fn``). Each call of this object lets the driver run to its next boundary and
+    waits for it, so the helper times exactly one round. :meth:`close` lets the driver finish.
+    """
+
+    def __init__(self, driver: Callable[[Callable[[], None]], Any]) -> None:
+        self._go = threading.Semaphore(0)
+        self._done = threading.Semaphore(0)
+        self._first = True
+        self._closing = False
+        self._finished = False
+        self._error: BaseException | None = None
+
+        def body() -> None:
+            try:
+                driver(self._boundary)
+            except _ClosedError:
+                pass
+            except BaseException as err:  # re-raised in the caller's thread
+                self._error = err
+            finally:
+                self._finished = True
+                self._done.release()
+
+        self._thread = threading.Thread(target=body, name="threaded-rounds", daemon=True)
+        self._thread.start()
+
+    def _boundary(self) -> None:
+        if not self._first:
+            self._done.release()
+        self._first = False
+        self._go.acquire()
+        if self._closing:
+            # Stop a driver that planned more rounds than were asked for.
+            raise _ClosedError
+
+    def __call__(self) -> None:
+        if self._finished:
+            raise RuntimeError("the driver ended before this round") from self._error
+        self._go.release()
+        self._done.acquire()
+        if self._error is not None:
+            raise RuntimeError("the driver failed in this round") from self._error
+
+    def close(self, timeout: float = 60.0) -> None:
+        """End the driver at its next boundary and wait for its thread."""
+        self._closing = True
+        self._go.release()
+        self._thread.join(timeout)
+
+
+def answer(record: Mapping[str, Any]) -> None:
+    """Send one answer to the parent :class:`RoundWorker` (a round's, or the final record)."""
     sys.stdout.write(_MARK + json.dumps(record) + "\n")
     sys.stdout.flush()
+
+
+_say = answer
 
 
 def serve_rounds(
     run_round: Callable[[int], Any],
     final: Callable[[], Mapping[str, Any]] | None = None,
     *,
+    hello: Mapping[str, Any] | None = None,
     stdin: Any = None,
 ) -> None:
     """The worker's side of :class:`RoundWorker`: run the rounds the parent asks for.
 
     ``run_round(r)`` returns ``None`` (timed here), its own seconds, or a mapping with
-    ``"seconds"`` and extras, as a contender of :func:`compare`. On ``stop`` or end of input,
+    ``"seconds"`` and extras, as a contender of :func:`compare`. ``hello`` is sent first (for
+    a parent that started the worker with ``hello=True``). On ``stop`` or end of input,
     ``final()`` (default: the peak RSS) is sent and the function returns.
     """
     stdin = sys.stdin if stdin is None else stdin
+    if hello is not None:
+        answer(hello)
     for line in stdin:
         text = line.strip()
         if text == "stop":
@@ -652,11 +781,6 @@ def serve_rounds(
             record["seconds"] = took
         _say(record)
     _say(dict(final()) if final is not None else {"peak_rss_mib": peak_rss_mib()})
-
-
-def answer_round(seconds: float, **extras: Any) -> None:
-    """Send one round's answer from a worker that runs its own loop (see ``pfl_round.py``)."""
-    _say({"seconds": seconds, **extras})
 
 
 def next_round(stdin: Any = None) -> int | None:
