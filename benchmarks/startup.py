@@ -10,7 +10,8 @@ the range of per-round ratios) and the peak memory of one run; the load of other
 recorded and the result flagged busy when they used more than a tenth of a core.
 ``python -c "import numpy"`` is the floor: the maths layer cannot answer without numpy. A bad
 argument is refused before any heavy import; the simple accountings import only
-``scipy.special`` besides numpy. Goal: ``account gaussian`` at most 2x the floor.
+``scipy.special`` besides numpy, so ``python -c "import numpy, scipy.special"`` is their floor
+with that import (a row of its own). Goal: ``account gaussian`` at most 2x the floor.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ GOAL = 2.0
 
 COMMANDS = {
     FLOOR: [sys.executable, "-c", "import numpy"],
+    'python -c "import numpy, scipy.special"': [
+        sys.executable, "-c", "import numpy, scipy.special",
+    ],
     "shuffle-opacus --help": [CLI, "--help"],
     "bad argument (--n -3)": [CLI, "account", "shuffle", "--n", "-3", "--sigma", "1"],
     GAUSSIAN: [CLI, "account", "gaussian", "--sigma", "1", "--steps", "10"],
