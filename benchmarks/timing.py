@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BUSY_THRESHOLD",
     "THREAD_VARS",
     "RoundWorker",
     "ThreadedRounds",

@@ -70,6 +70,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from timing import (  # noqa: E402
+    BUSY_THRESHOLD,
     RoundWorker,
     ThreadedRounds,
     compare,
@@ -419,6 +420,9 @@ def flower_simulation_window(args: argparse.Namespace) -> dict[str, Any]:
     wall = time.perf_counter() - started
     after = probe(args.probe)
     record: dict[str, Any] = {"wall_s": wall, "load": {"before": before, "after": after}}
+    # Its processes are not ours to count, so only the idle probes around it can flag it.
+    others = [p["others_cores"] for p in (before, after) if p["others_cores"] is not None]
+    record["busy"] = not others or max(others) > BUSY_THRESHOLD
     if isinstance(result, str):
         record["skipped"] = result
     else:
@@ -610,7 +614,10 @@ def main() -> None:
             record = flower_simulation_window(args)
             run["flower_simulation"] = record
             shown = record.get("skipped") or f"{record['median']:.3f} s/round (median)"
-            print(f"\n{SIMULATION}, {threads} thread(s), own window (not interleaved): {shown}")
+            flag = "; BUSY before or after" if record["busy"] else ""
+            print(
+                f"\n{SIMULATION}, {threads} thread(s), own window (not interleaved): {shown}{flag}"
+            )
         if not args.no_memory:
             record = memory(args)
             run["memory"] = record
