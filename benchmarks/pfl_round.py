@@ -1,20 +1,23 @@
-"""One pfl 0.6 FedAvg run in the setting of ``benchmarks/users.py``; prints seconds per round.
+"""pfl 0.6 FedAvg in the setting of ``benchmarks/users.py``, one round at a time on request.
 
 Runs under an interpreter where ``pfl[pytorch]`` is installed (a separate virtual environment:
-pfl pins its own dependencies), started by ``benchmarks/users.py`` as
+pfl pins its own dependencies), started by ``benchmarks/users.py`` as a round worker of
+``benchmarks/timing.py``
 
     PYTHON benchmarks/pfl_round.py THREADS CLIENTS EXAMPLES COHORT STEPS BATCH ROUNDS DATA.npz
 
 The model is ``cnn_small`` of the experiment (repeated here: this interpreter does not have the
 package), local SGD with learning rate 0.1, pfl's ``GaussianMechanism`` (clip each user's
 update to 1 and add noise of relative std 1) as the local privacy postprocessor, a central SGD
-step of learning rate 1. It prints one JSON line ``{"per_round": [...]}``: the wall time of every
-central iteration.
+step of learning rate 1; every round trains a cohort of exactly COHORT users (pfl draws them
+uniformly at random). pfl runs its own loop; a callback holds it at every round boundary until
+the parent asks for the next round (a line on stdin, ``stop`` to end), and answers with the
+round's wall time (``timing.answer``), so that the parent can interleave pfl's rounds with the
+other paths'. The last answer is the peak RSS.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -32,6 +35,7 @@ from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams  # noqa: E402
 from pfl.metrics import Metrics, Weighted  # noqa: E402
 from pfl.model.pytorch import PyTorchModel  # noqa: E402
 from pfl.privacy import GaussianMechanism  # noqa: E402
+from timing import answer, next_round, peak_rss_mib  # noqa: E402
 from torch import nn  # noqa: E402
 
 
@@ -81,16 +85,23 @@ def main() -> None:
         local_optimizer_create=torch.optim.SGD,
         central_optimizer=torch.optim.SGD(net.parameters(), lr=1.0),
     )
-    stamps: list[float] = []
+    started = [0.0]
+    stopped = [False]
 
-    class Timer(TrainingProcessCallback):
+    class Gate(TrainingProcessCallback):
+        """Hold pfl at each round boundary until the parent asks for the next round."""
+
         def on_train_begin(self, *, model):
-            stamps.append(time.perf_counter())
+            if next_round() is None:
+                raise SystemExit(0)
+            started[0] = time.perf_counter()
             return Metrics()
 
         def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
-            stamps.append(time.perf_counter())
-            return False, Metrics()
+            answer({"seconds": time.perf_counter() - started[0], "reports": cohort})
+            stopped[0] = next_round() is None
+            started[0] = time.perf_counter()
+            return stopped[0], Metrics()
 
     backend = SimulatedBackend(
         training_data=federated,
@@ -113,10 +124,12 @@ def main() -> None:
             local_batch_size=batch,
         ),
         model_eval_params=NNEvalHyperParams(local_batch_size=100),
-        callbacks=[Timer()],
+        callbacks=[Gate()],
         send_metrics_to_platform=False,
     )
-    print(json.dumps({"per_round": list(np.diff(stamps))}))
+    if not stopped[0]:
+        raise SystemExit(f"pfl_round.py: asked for more than the {rounds} rounds planned")
+    answer({"peak_rss_mib": peak_rss_mib()})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Speed of one training round of the MNIST experiment (run: ``python benchmarks/training.py``).
 
-What is measured, on CPU with ``torch.set_num_threads(2)``, for the tanh CNN of
+What is measured, on CPU with one thread (``--threads``), for the tanh CNN of
 ``shuffle_experiments.models.build_model`` (``cnn``, 26,010 parameters, or ``--model cnn_small``)
 on real MNIST (``shuffle_experiments.data.load_mnist``), cross-entropy loss with mean
 reduction, plain SGD:
@@ -18,13 +18,20 @@ reduction, plain SGD:
   ``loader.batch_sampler`` and the tensors are indexed directly, so data collation is not
   timed; samples/s counts the round's actual participants.
 
-Each (B, mode) configuration runs in a fresh subprocess (this script re-invoking itself with
-``--child``), which prints one JSON line including its peak resident set size
-(``ru_maxrss``), so configurations do not pollute each other's memory or caches. MNIST is
-loaded by a separate child and handed over as a ``uint8`` ``.npz`` file: on Linux a child's
-``ru_maxrss`` starts from its parent's resident size, so the parent stays small. Every
-configuration warms up 2 rounds and reports the median of the timed rounds (7 at B = 600, 5 at
-B = 6000; 2 with ``--quick``, which uses B = 60 and 600).
+Every configuration of a B (mode x micro-batch setting) runs in its own worker process (this
+script re-invoking itself with ``--worker``), so that each has its own peak resident set size
+(``ru_maxrss``, reported when it stops), and the workers' rounds run **interleaved round by
+round** by ``benchmarks/timing.py``: round ``r`` of every configuration, in alternating order,
+so that every configuration meets the same load. By default one thread, every worker pinned
+with the parent to one CPU (``--threads 2`` for two threads, unpinned). The load of other
+processes is recorded before, during and after, and the result flagged busy when they used more
+than a tenth of a core. MNIST is loaded by a separate child and handed over as a ``float32``
+``.npy`` file that every worker maps read-only (one copy in memory for all). Every
+configuration warms up 2 rounds and reports the median of the timed rounds (8 at B = 600, 6 at
+B = 6000, ``--rounds`` to change; 2 with ``--quick``, which uses B = 600 and micro-batches of
+500 only). Between its rounds a private worker drops its per-sample gradients (``zero_grad``,
+not timed), so idle workers hold little memory. The workers are set up on every CPU and pinned
+to the measurement's CPU before the first round.
 
 A setting a user can apply to their own training is benchmarked as well, ``--micro-batch K
 [K ...]`` (default 200 and 500; ``0`` turns it off): every mode is also run with each round
@@ -33,9 +40,10 @@ virtual steps (``signal_skip_step`` on every chunk but the last), so a round is 
 step over all its participants and one accountant step; non-private rounds accumulate the
 chunks' gradients weighted to the batch's mean loss. Chunking keeps the working set in cache.
 
-The ratio column divides by the plain (unchunked) non-private row at the same B; the summary
-compares the fastest private row with the fastest non-private row, whole rounds against whole
-rounds and each side at its best setting.
+The ratio column divides a row's median samples/s by the plain (unchunked) non-private row's at
+the same B. The summary compares the fastest private row with the fastest non-private row,
+whole rounds against whole rounds and each side at its best setting ("best against best"),
+with the range of the ratios of the same rounds; the goal is at least 80% best against best.
 
 Usage::
 
@@ -43,53 +51,48 @@ Usage::
     python benchmarks/training.py --quick            # smoke run
     python benchmarks/training.py --json out.json    # also write the results as JSON
     python benchmarks/training.py --micro-batch 0    # only the unchunked rounds
+    python benchmarks/training.py --threads 2        # two threads, not pinned
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-from opacus import PrivacyEngine
-from shuffle_experiments.data import load_mnist
-from shuffle_experiments.models import build_model
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
-import shuffle_opacus
+from timing import (
+    RoundWorker,
+    compare,
+    per_core,
+    pin_pids,
+    serve_rounds,
+    thread_env,
+    write_json,
+)
 
 N_CLIENTS = 60_000
-MODEL = ["cnn"]  # the model of this process (set from --model)
-THREADS = 2
 WARMUP = 2
 PRIVATE_MODES = ("hooks", "functorch", "ew", "fast")
 NOISE_MULTIPLIER = 5.0
 MAX_GRAD_NORM = 0.01
 LR = 0.1
-GOAL = 0.75
+GOAL = 0.80
 DEFAULT_MICRO_BATCHES = (200, 500)
+NON_PRIVATE = "non-private"
 
 
 def timed_rounds(batch: int, quick: bool) -> int:
     if quick:
         return 2
-    return 7 if batch <= 600 else 5
-
-
-def peak_rss_mib() -> float:
-    # Linux reports ru_maxrss in KiB.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return 8 if batch <= 600 else 6
 
 
 def vm_hwm_mib() -> float | None:
@@ -103,37 +106,30 @@ def vm_hwm_mib() -> float | None:
     return None
 
 
-def save_data(path: Path) -> None:
-    """Write MNIST's training part (``uint8`` images, labels) for the children to read."""
-    mnist = load_mnist()
-    np.savez(path, images=mnist.train_images, labels=mnist.train_labels)
+def save_data(folder: Path) -> None:
+    """Write MNIST's training images (``float32`` in [0, 1], (N, 1, 28, 28)) and labels."""
+    import numpy as np
+    from shuffle_experiments.data import load_mnist
+
+    train_x, train_y, _, _ = load_mnist().normalized()
+    np.save(folder / "x.npy", np.ascontiguousarray(train_x, dtype=np.float32)[:, None])
+    np.save(folder / "y.npy", np.asarray(train_y, dtype=np.int64))
 
 
-def load_data(path: Path | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return the training images as floats in [0, 1], shape (N, 1, 28, 28), and the labels.
+def load_data(folder: Path):
+    """Map the parent's arrays (copy-on-write: the pages stay shared between the workers)."""
+    import numpy as np
+    import torch
 
-    Reading the parent's ``uint8`` copy keeps loading's memory peak (the pickle source holds
-    float copies) out of the child's peak RSS; without ``path`` MNIST is loaded here.
-    """
-    if path is None:
-        train_x, train_y, _, _ = load_mnist().normalized()
-    else:
-        with np.load(path) as data:
-            train_x = data["images"].astype(np.float32) / np.float32(255.0)
-            train_y = data["labels"]
-    x = torch.from_numpy(train_x).unsqueeze(1).contiguous()
-    y = torch.from_numpy(train_y).long()
+    x = torch.from_numpy(np.load(folder / "x.npy", mmap_mode="c"))
+    y = torch.from_numpy(np.load(folder / "y.npy"))
     return x, y
 
 
-def non_private_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    xb: torch.Tensor,
-    yb: torch.Tensor,
-    micro_batch: int | None,
-) -> None:
+def non_private_step(model, optimizer, xb, yb, micro_batch: int | None) -> None:
     """One round; with ``micro_batch``, gradients are accumulated chunk by chunk."""
+    from torch import nn
+
     size = xb.shape[0]
     optimizer.zero_grad()
     if micro_batch is None or size <= micro_batch:
@@ -147,43 +143,16 @@ def non_private_step(
     optimizer.step()
 
 
-def non_private_rounds(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    batch: int,
-    rounds: int,
-    micro_batch: int | None,
-) -> list[tuple[int, float]]:
-    torch.manual_seed(0)
-    model = build_model(MODEL[0])
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    generator = torch.Generator().manual_seed(0)
-    results = []
-    for _ in range(rounds):
-        idx = torch.randperm(x.shape[0], generator=generator)[:batch]
-        xb, yb = x[idx], y[idx]
-        start = time.perf_counter()
-        non_private_step(model, optimizer, xb, yb, micro_batch)
-        results.append((batch, time.perf_counter() - start))
-    return results
-
-
-def private_step(
-    model: nn.Module,
-    optimizer: Any,
-    xb: torch.Tensor,
-    yb: torch.Tensor,
-    micro_batch: int | None,
-) -> None:
+def private_step(model, optimizer, xb, yb, micro_batch: int | None) -> None:
     """One round; with ``micro_batch``, per-sample gradients are computed chunk by chunk."""
+    from torch import nn
+
     size = xb.shape[0]
+    optimizer.zero_grad()
     if micro_batch is None or size <= micro_batch:
-        optimizer.zero_grad()
-        loss = nn.functional.cross_entropy(model(xb), yb)
-        loss.backward()
+        nn.functional.cross_entropy(model(xb), yb).backward()
         optimizer.step()
         return
-    optimizer.zero_grad()
     for start in range(0, size, micro_batch):
         last = start + micro_batch >= size
         loss = nn.functional.cross_entropy(
@@ -199,235 +168,289 @@ def private_step(
             optimizer.zero_grad()
 
 
-def private_rounds(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    batch: int,
-    rounds: int,
-    mode: str,
-    micro_batch: int | None,
-) -> list[tuple[int, float]]:
+def build_rounds(
+    model_name: str, x, y, batch: int, rounds: int, mode: str, micro_batch: int | None
+) -> Callable[[int], dict[str, Any]]:
+    """Set up one configuration; return its round: ``run(r) -> {"seconds", "participants"}``.
+
+    Only the step is timed (the batch is indexed before). After the step the gradients (and a
+    private optimizer's per-sample gradients) are dropped, untimed.
+    """
+    import torch
+    from opacus import PrivacyEngine
+    from shuffle_experiments.models import build_model
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import shuffle_opacus
+
     torch.manual_seed(0)
-    model = build_model(MODEL[0])
+    model = build_model(model_name)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    loader = DataLoader(TensorDataset(x, y), batch_size=batch)
-    engine = PrivacyEngine(accountant="shuffled_checkin")
-    model, optimizer, loader = shuffle_opacus.make_private(
-        engine,
-        module=model,
-        optimizer=optimizer,
-        data_loader=loader,
-        noise_multiplier=NOISE_MULTIPLIER,
-        max_grad_norm=MAX_GRAD_NORM,
-        rate=batch / N_CLIENTS,
-        rounds=rounds,
-        seed=0,
-        sensitivity="paper",
-        grad_sample_mode=mode,
-    )
-    results = []
-    for indices in loader.batch_sampler:
-        idx = torch.as_tensor(indices, dtype=torch.long)
+    if mode == NON_PRIVATE:
+        generator = torch.Generator().manual_seed(0)
+
+        def batches():
+            for _ in range(rounds):
+                yield torch.randperm(x.shape[0], generator=generator)[:batch]
+
+        step = non_private_step
+        order = batches()
+    else:
+        loader = DataLoader(TensorDataset(x, y), batch_size=batch)
+        engine = PrivacyEngine(accountant="shuffled_checkin")
+        model, optimizer, loader = shuffle_opacus.make_private(
+            engine,
+            module=model,
+            optimizer=optimizer,
+            data_loader=loader,
+            noise_multiplier=NOISE_MULTIPLIER,
+            max_grad_norm=MAX_GRAD_NORM,
+            rate=batch / N_CLIENTS,
+            rounds=rounds,
+            seed=0,
+            sensitivity="paper",
+            grad_sample_mode=mode,
+        )
+        step = private_step
+        order = (torch.as_tensor(i, dtype=torch.long) for i in loader.batch_sampler)
+    done = [0]
+
+    def run(r: int) -> dict[str, Any]:
+        if r != done[0]:
+            raise RuntimeError(f"round {r} asked for, {done[0]} expected (rounds run in order)")
+        idx = next(order)
         xb, yb = x[idx], y[idx]
         start = time.perf_counter()
-        private_step(model, optimizer, xb, yb, micro_batch)
-        results.append((len(idx), time.perf_counter() - start))
-    if len(results) != rounds:
-        raise RuntimeError(f"sampler produced {len(results)} rounds, expected {rounds}")
-    return results
+        step(model, optimizer, xb, yb, micro_batch)
+        seconds = time.perf_counter() - start
+        optimizer.zero_grad(set_to_none=True)
+        done[0] += 1
+        return {"seconds": seconds, "participants": int(idx.numel())}
+
+    return run
 
 
-def run_child(
-    batch: int,
-    mode: str,
-    timed: int,
-    micro_batch: int | None,
-    data: Path | None,
-) -> dict[str, Any]:
-    """Measure one configuration in this process and return its record."""
-    record: dict[str, Any] = {"batch": batch, "mode": mode, "micro_batch": micro_batch}
-    x, y = load_data(data)
-    rounds = WARMUP + timed
+def worker(args: argparse.Namespace) -> None:
+    """One configuration as a round worker of ``timing.RoundWorker`` (``--worker``)."""
+    import torch
+    from timing import peak_rss_mib
+
+    # Notices every private round would repeat (as in the test configuration).
+    warnings.filterwarnings("ignore", "Secure RNG turned off")
+    warnings.filterwarnings("ignore", "Full backward hook is firing")
+    torch.set_num_threads(args.threads)
+    batch, mode, micro = int(args.worker[0]), args.worker[1], int(args.worker[2]) or None
+    x, y = load_data(args.data)
     try:
-        if mode == "non-private":
-            results = non_private_rounds(x, y, batch, rounds, micro_batch)
-        else:
-            results = private_rounds(x, y, batch, rounds, mode, micro_batch)
+        run = build_rounds(args.model, x, y, batch, args.worker_rounds, mode, micro)
     except ValueError as err:
-        record["refused"] = str(err)
-        record["peak_rss_mib"] = peak_rss_mib()
-        return record
-    timed_results = results[WARMUP:]
-    seconds = [s for _, s in timed_results]
-    record["participants"] = [p for p, _ in timed_results]
-    record["seconds"] = seconds
-    # The median round by throughput (the lower one for an even count), so that its seconds
-    # and samples/s describe the same round.
-    median_round = statistics.median_low((p / s, s) for p, s in timed_results)
-    record["samples_per_s"], record["seconds_per_round"] = median_round
-    record["peak_rss_mib"] = peak_rss_mib()
-    record["vm_hwm_mib"] = vm_hwm_mib()
-    return record
-
-
-def spawn(
-    batch: int,
-    mode: str,
-    timed: int,
-    micro_batch: int | None,
-    data: Path,
-) -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(batch), mode, str(timed)]
-    cmd += ["--data", str(data)]
-    cmd += ["--micro-batch", str(micro_batch or 0), "--model", MODEL[0]]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"batch": batch, "mode": mode, "micro_batch": micro_batch, "failed": tail}
-    return json.loads(lines[-1])
-
-
-def label(record: dict[str, Any]) -> str:
-    mode = record["mode"]
-    if record.get("micro_batch") is not None:
-        mode += f"/mb{record['micro_batch']}"
-    return mode
-
-
-def print_table(records: list[dict[str, Any]]) -> None:
-    base = {
-        r["batch"]: r["samples_per_s"]
-        for r in records
-        if r["mode"] == "non-private" and r.get("micro_batch") is None and "samples_per_s" in r
-    }
-    header = (
-        f"{'B':>6}  {'mode':<18} {'s/round':>9} {'samples/s':>10} {'ratio':>6} {'peak RSS MiB':>12}"
-    )
-    print(header)
-    print("-" * len(header))
-    for r in records:
-        rss = f"{r['peak_rss_mib']:12.0f}" if "peak_rss_mib" in r else f"{'-':>12}"
-        if "samples_per_s" in r:
-            ratio = r["samples_per_s"] / base[r["batch"]] if r["batch"] in base else float("nan")
-            r["ratio"] = ratio
-            print(
-                f"{r['batch']:>6}  {label(r):<18} {r['seconds_per_round']:9.4f} "
-                f"{r['samples_per_s']:10.0f} {ratio:6.2f} {rss}"
-            )
-        else:
-            why = f"refused ({r['refused']})" if "refused" in r else f"failed ({r['failed']})"
-            print(f"{r['batch']:>6}  {label(r):<18} {why}")
-
-
-def summary(records: list[dict[str, Any]], batch: int) -> None:
-    """Print the fastest private mode against non-private rounds, like for like and overall."""
-    at_batch = [r for r in records if r["batch"] == batch and "samples_per_s" in r]
-    private = [r for r in at_batch if r["mode"] != "non-private"]
-    public = [r for r in at_batch if r["mode"] == "non-private"]
-    if not private or not public:
-        print(f"no private or no non-private mode completed at B={batch}")
+        serve_rounds(lambda r: None, hello={"refused": str(err)}, stdin=iter(()))
         return
+    serve_rounds(
+        run,
+        final=lambda: {"peak_rss_mib": peak_rss_mib(), "vm_hwm_mib": vm_hwm_mib()},
+        hello={"ready": True},
+    )
 
-    def best(rows: list[dict[str, Any]]) -> dict[str, Any]:
-        return max(rows, key=lambda r: r["samples_per_s"])
 
+def label(mode: str, micro_batch: int | None) -> str:
+    return mode if micro_batch is None else f"{mode}/mb{micro_batch}"
+
+
+def rate_stats(entry: dict[str, Any]) -> dict[str, float]:
+    """Samples/s per timed round: median (the lower middle one), min, max."""
+    rates = [e["participants"] / s for e, s in zip(entry["extras"], entry["seconds"], strict=True)]
+    return {
+        "median": statistics.median_low(rates),
+        "min": min(rates),
+        "max": max(rates),
+        "rates": rates,
+    }
+
+
+def measure_batch(
+    args: argparse.Namespace, batch: int, data: Path, cpu: int | None
+) -> dict[str, Any]:
+    """All configurations of one B, interleaved; returns the record with throughputs.
+
+    The workers start on every CPU (their imports and set-up overlap) and are pinned to
+    ``cpu`` once all of them are ready, before the first round.
+    """
+    micro = (None, *(k for k in args.micro_batch if k))
+    configs = [(mode, mb) for mb in micro for mode in (NON_PRIVATE, *PRIVATE_MODES)]
+    rounds = args.rounds or timed_rounds(batch, args.quick)
+    total = WARMUP + rounds
+    env = thread_env(args.threads)
+    workers: dict[str, RoundWorker] = {}
+    refused: dict[str, str] = {}
+    try:
+        for mode, mb in configs:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(batch), mode]
+            cmd += [str(mb or 0), "--data", str(data), "--model", args.model]
+            cmd += ["--threads", str(args.threads), "--worker-rounds", str(total)]
+            workers[label(mode, mb)] = RoundWorker(cmd, env=env, hello=True)
+        for name, w in list(workers.items()):
+            hello = w.wait_hello() or {}
+            if "refused" in hello:
+                refused[name] = hello["refused"]
+                w.close()
+                del workers[name]
+        if cpu is not None:
+            per_core(args.threads, cpu=cpu)
+            pin_pids([w.pid for w in workers.values() if w.pid is not None], cpu)
+        result = compare(
+            workers,
+            rounds=rounds,
+            warmup=WARMUP,
+            baseline=NON_PRIVATE,
+            title=(
+                f"one MNIST training round, B = {batch}, {args.model}, {args.threads} thread(s); "
+                "seconds of the step"
+            ),
+            probe_s=args.probe,
+            wait_quiet_s=args.wait_quiet,
+        )
+    finally:
+        finals = {name: w.close() for name, w in workers.items()}
+    result["batch"] = batch
+    result["refused"] = refused
+    for name, entry in result["contenders"].items():
+        entry["samples_per_s"] = rate_stats(entry)
+        entry.update(finals.get(name) or {})
+    return result
+
+
+def print_throughput(result: dict[str, Any]) -> None:
+    table = result["contenders"]
+    base = table[NON_PRIVATE]["samples_per_s"]["median"]
+    print(f"\nB = {result['batch']}: samples/s (participants / seconds of each round)\n")
+    print("| configuration | median samples/s | min | max | ratio to non-private | peak RSS MiB |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, entry in table.items():
+        rate = entry["samples_per_s"]
+        rss = entry.get("peak_rss_mib")
+        shown = f"{rss:.0f}" if rss is not None else "-"
+        print(
+            f"| {name} | {rate['median']:.0f} | {rate['min']:.0f} | {rate['max']:.0f} | "
+            f"{rate['median'] / base:.2f} | {shown} |"
+        )
+    for name, why in result["refused"].items():
+        print(f"| {name} | refused ({why}) | | | | |")
+
+
+def summary(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The fastest private configuration against the fastest non-private one, two ways."""
+    table = result["contenders"]
+    out = []
+
+    def best(names: list[str]) -> str:
+        return max(names, key=lambda n: table[n]["samples_per_s"]["median"])
+
+    private = [n for n in table if not n.startswith(NON_PRIVATE)]
+    public = [n for n in table if n.startswith(NON_PRIVATE)]
     for title, mine, theirs in (
-        (
-            "whole rounds",
-            [r for r in private if r.get("micro_batch") is None],
-            [r for r in public if r.get("micro_batch") is None],
-        ),
-        ("any setting, each side at its best", private, public),
+        ("whole rounds", [n for n in private if "/mb" not in n], [NON_PRIVATE]),
+        ("best against best (any setting, each side at its best)", private, public),
     ):
         if not mine or not theirs:
             continue
         a, b = best(mine), best(theirs)
-        ratio = a["samples_per_s"] / b["samples_per_s"]
-        verdict = "yes" if ratio >= GOAL else "no"
+        ra, rb = table[a]["samples_per_s"], table[b]["samples_per_s"]
+        ratio = ra["median"] / rb["median"]
+        per_round = [p / q for p, q in zip(ra["rates"], rb["rates"], strict=True)]
+        verdict = "met" if ratio >= GOAL else "not met"
+        line = {
+            "comparison": title,
+            "private": a,
+            "non_private": b,
+            "ratio_of_medians": ratio,
+            "per_round": {"median": statistics.median(per_round), "min": min(per_round),
+                          "max": max(per_round)},
+            "goal": GOAL,
+        }  # fmt: skip
+        out.append(line)
         print(
-            f"B={batch}, {title}: fastest private {label(a)} {a['samples_per_s']:.0f} samples/s "
-            f"= {ratio:.0%} of fastest non-private {label(b)}; >= {GOAL:.0%}: {verdict}"
+            f"B={result['batch']}, {title}: {a} {ra['median']:.0f} samples/s = {ratio:.0%} of "
+            f"{b} ({rb['median']:.0f}); per round {min(per_round):.0%}-{max(per_round):.0%}; "
+            f">= {GOAL:.0%}: {verdict}"
         )
+    if result["busy"]:
+        print("BUSY: " + "; ".join(result["busy_reasons"]))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="B = 60 and 600, 2 timed rounds")
+    parser.add_argument(
+        "--quick", action="store_true", help="B = 600, micro-batch 500, 2 timed rounds"
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument(
         "--micro-batch",
         type=int,
         nargs="+",
-        default=list(DEFAULT_MICRO_BATCHES),
         help="also run every mode in chunks of these sizes (default 200 500; 0: none)",
     )
     parser.add_argument(
         "--model", choices=("cnn", "cnn_small"), default="cnn", help="model (default cnn)"
     )
-    parser.add_argument("--child", nargs=3, metavar=("B", "MODE", "TIMED"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="threads (default 1: pinned to one CPU)"
+    )
+    parser.add_argument("--batches", type=int, nargs="+", help="values of B (default 600 6000)")
+    parser.add_argument("--rounds", type=int, help="timed rounds (default 8 at B <= 600, else 6)")
+    parser.add_argument("--probe", type=float, default=1.0, help="seconds of each load probe")
+    parser.add_argument(
+        "--wait-quiet", type=float, default=0.0, help="wait up to this long for a quiet machine"
+    )
+    parser.add_argument("--worker", nargs=3, metavar=("B", "MODE", "MB"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker-rounds", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--prepare", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    torch.set_num_threads(THREADS)
-    MODEL[0] = args.model
 
+    if args.micro_batch is None:
+        args.micro_batch = [500] if args.quick else list(DEFAULT_MICRO_BATCHES)
     if args.prepare:
         save_data(args.prepare)
         return
-    if args.child:
-        batch, mode, timed = int(args.child[0]), args.child[1], int(args.child[2])
-        micro_batch = args.micro_batch[0] or None
-        record = run_child(batch, mode, timed, micro_batch, args.data)
-        print(json.dumps(record), flush=True)
+    if args.worker:
+        worker(args)
         return
 
+    # The CPU of the measurement; workers start unpinned and are pinned to it once set up.
+    cpu = per_core(args.threads, pin=args.threads == 1)
     started = time.perf_counter()
-    load_before = os.getloadavg()
-    sizes = (60, 600) if args.quick else (600, 6000)
-    micro = (None, *(k for k in args.micro_batch if k))
-    records = []
+    sizes = args.batches or ((600,) if args.quick else (600, 6000))
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "mnist_train.npz"
-        # A child loads MNIST: on Linux a child's ru_maxrss starts from the parent's resident
-        # size at the fork, so the parent must never hold the loader's large float copies.
+        data = Path(tmp)
+        # A child loads MNIST, so that no worker's peak RSS holds the loader's copies.
         prepare = [sys.executable, str(Path(__file__).resolve()), "--prepare", str(data)]
-        subprocess.run(prepare, check=True)
+        subprocess.run(prepare, check=True, env=thread_env(args.threads))
         for batch in sizes:
-            timed = timed_rounds(batch, args.quick)
-            configs = [(mode, mb) for mb in micro for mode in ("non-private", *PRIVATE_MODES)]
-            for mode, mb in configs:
-                record = spawn(batch, mode, timed, mb, data)
-                records.append(record)
-                print(f"  done B={batch} {label(record)}", file=sys.stderr, flush=True)
-    print(
-        f"One MNIST training round, tanh CNN (26,010 params), torch {torch.__version__}, "
-        f"{THREADS} threads; warm-up {WARMUP}, "
-        "median timed round; ratio = samples/s / non-private samples/s at the same B"
-    )
-    print_table(records)
-    load_after = os.getloadavg()
-    print(
-        "1-min load average before/after: "
-        f"{load_before[0]:.2f}/{load_after[0]:.2f} ({os.cpu_count()} CPUs; other CPU-heavy "
-        "processes make the timings unreliable)"
-    )
-    summary(records, sizes[-1])
+            per_core(args.threads, pin=False)  # the workers' set-up may use every CPU
+            result = measure_batch(args, batch, data, cpu)
+            print_throughput(result)
+            result["summary"] = summary(result)
+            results.append(result)
     elapsed = time.perf_counter() - started
     print(f"total benchmark time: {elapsed:.1f} s")
     if args.json is not None:
         payload = {
-            "torch": torch.__version__,
-            "threads": THREADS,
+            "threads": args.threads,
+            "pinned_cpu": cpu,
             "micro_batch": [k for k in args.micro_batch if k],
             "model": args.model,
             "warmup": WARMUP,
+            "noise_multiplier": NOISE_MULTIPLIER,
+            "max_grad_norm": MAX_GRAD_NORM,
             "elapsed_s": elapsed,
-            "load_average_before_after": [load_before[0], load_after[0]],
-            "records": records,
+            "results": results,
         }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        write_json(args.json, payload)
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()
