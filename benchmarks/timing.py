@@ -59,11 +59,9 @@ import json
 import math
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -99,111 +97,10 @@ THREAD_VARS = (
 )
 #: Other processes using more than this many cores (on average) make a result busy.
 BUSY_THRESHOLD = 0.1
-_MARK = "@@timing "
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-# --------------------------------------------------------------------------- load records
-
-
-def _proc_stat() -> list[tuple[int, int]] | None:
-    """Per-CPU ``(busy, total)`` clock ticks from ``/proc/stat``, or ``None`` off Linux."""
-    try:
-        lines = Path("/proc/stat").read_text().splitlines()
-    except OSError:
-        return None
-    cpus = []
-    for line in lines:
-        if line.startswith("cpu") and line[3:4].isdigit():
-            fields = [int(v) for v in line.split()[1:]]
-            # user nice system idle iowait irq softirq steal (guest time is inside user).
-            idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-            total = sum(fields[:8])
-            cpus.append((total - idle, total))
-    return cpus
-
-
-def _pid_cpu_seconds(pid: int) -> float:
-    """User + system seconds of a live process (all its threads), 0 when it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = text.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def _own_cpu_seconds(pids: Iterable[int]) -> float:
-    """CPU seconds of this process, its reaped children and the live ``pids``."""
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    total = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-    return total + sum(_pid_cpu_seconds(p) for p in pids)
-
-
-class _Meter:
-    """Busy time of every CPU and of our own processes between two readings."""
-
-    def __init__(self, pids: Callable[[], Iterable[int]]) -> None:
-        self._pids = pids
-        self.reset()
-
-    def reset(self) -> None:
-        self.wall = self.own = 0.0
-        self.busy: list[float] | None = None
-
-    def read(self) -> tuple[float, list[tuple[int, int]] | None, float]:
-        return time.perf_counter(), _proc_stat(), _own_cpu_seconds(self._pids())
-
-    def add(self, first: tuple, last: tuple) -> dict[str, Any]:
-        """Accumulate the interval ``first .. last``; return its own record."""
-        wall = last[0] - first[0]
-        own = max(0.0, last[2] - first[2])
-        record: dict[str, Any] = {"wall_s": wall}
-        if first[1] is not None and last[1] is not None:
-            busy = [(b1 - b0) / _TICK for (b0, _), (b1, _) in zip(first[1], last[1], strict=True)]
-            record["others_cores"] = max(0.0, sum(busy) - own) / wall if wall > 0 else 0.0
-            if self.busy is None:
-                self.busy = [0.0] * len(busy)
-            self.busy = [a + b for a, b in zip(self.busy, busy, strict=True)]
-        self.wall += wall
-        self.own += own
-        return record
-
-    def summary(self, pinned: int | None) -> dict[str, Any]:
-        out: dict[str, Any] = {"wall_s": self.wall, "own_cpu_s": self.own}
-        if self.busy is None or self.wall <= 0:
-            out["others_cores"] = None
-            return out
-        out["per_cpu_busy"] = [round(b / self.wall, 3) for b in self.busy]
-        out["others_cores"] = max(0.0, sum(self.busy) - self.own) / self.wall
-        if pinned is not None and pinned < len(self.busy):
-            # Pinned: our processes ran on that CPU only, so the rest of its busy time is others'.
-            out["others_on_pinned_cpu"] = max(0.0, self.busy[pinned] - self.own) / self.wall
-        return out
-
-
-def probe(seconds: float = 1.0, pids: Iterable[int] = ()) -> dict[str, Any]:
-    """Load while this process sleeps ``seconds``: load averages, per-CPU busy, others in cores."""
-    pids = list(pids)
-    meter = _Meter(lambda: pids)
-    first = meter.read()
-    time.sleep(seconds)
-    meter.add(first, meter.read())
-    out = meter.summary(None)
-    out["loadavg"] = list(os.getloadavg())
-    return out
-
-
-def _wait_quiet(limit_s: float, threshold: float, window_s: float) -> float:
-    """Wait (up to ``limit_s``) for a window in which others use < ``threshold`` cores."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < limit_s:
-        others = probe(window_s)["others_cores"]
-        if others is None or others < threshold:
-            break
-    return time.perf_counter() - start
-
+from load import _Meter, _own_cpu_seconds, _proc_stat, _wait_quiet, probe  # noqa: E402, F401
 
 # --------------------------------------------------------------------------- threads, pinning
 
@@ -597,202 +494,14 @@ def compare_commands(
     return result
 
 
-# --------------------------------------------------------------------------- round workers
-
-
-class RoundWorker:
-    """A contender in another process, driven one round at a time over its stdin and stdout.
-
-    The worker runs :func:`serve_rounds` (or speaks its protocol: read a round index per line
-    from stdin, answer ``@@timing {"seconds": ...}``; on ``stop`` answer ``@@timing {...}``
-    with its final record and exit). Lines without the mark are passed to stderr. The worker
-    inherits this process's pinning and environment unless ``env`` says otherwise. Call it
-    with the round index; close it (or use it as a context manager) to get ``final``.
-    """
-
-    def __init__(
-        self, argv: Sequence[str], env: Mapping[str, str] | None = None, *, hello: bool = False
-    ) -> None:
-        self.argv = list(argv)
-        self.final: dict[str, Any] | None = None
-        self.hello: dict[str, Any] | None = None
-        self._proc = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=None if env is None else dict(env),
-            text=True,
-            bufsize=1,
-        )
-        self.pid: int | None = self._proc.pid
-        self._waiting_hello = hello
-
-    def wait_hello(self) -> dict[str, Any] | None:
-        """With ``hello=True``: wait for the worker's first record (sent once it is set up).
-
-        Workers can be started together and then waited for, so that their set-up overlaps.
-        """
-        if self._waiting_hello:
-            self._waiting_hello = False
-            self.hello = self._answer()
-        return self.hello
-
-    def _answer(self) -> dict[str, Any]:
-        assert self._proc.stdout is not None, "started with stdout=PIPE"
-        for line in self._proc.stdout:
-            if line.startswith(_MARK):
-                return json.loads(line[len(_MARK) :])
-            sys.stderr.write(line)
-        code = self._proc.wait()
-        raise RuntimeError(f"worker {self.argv[:3]}... exited with status {code} mid-protocol")
-
-    def __call__(self, round_index: int) -> dict[str, Any]:
-        self.wait_hello()
-        assert self._proc.stdin is not None, "started with stdin=PIPE"
-        self._proc.stdin.write(f"{round_index}\n")
-        self._proc.stdin.flush()
-        return self._answer()
-
-    def close(self) -> dict[str, Any] | None:
-        """Stop the worker; return (and keep in ``final``) its final record."""
-        if self.pid is None:
-            return self.final
-        if self._proc.poll() is not None:  # it ended on its own (e.g. after a refusal)
-            self.pid = None
-            return self.final
-        try:
-            assert self._proc.stdin is not None, "started with stdin=PIPE"
-            self._proc.stdin.write("stop\n")
-            self._proc.stdin.flush()
-            self.final = self._answer()
-        except (BrokenPipeError, RuntimeError):
-            self.final = None
-        self._proc.wait()
-        self.pid = None
-        return self.final
-
-    def __enter__(self) -> RoundWorker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.pid is not None and exc[0] is not None:
-            self._proc.kill()
-            self._proc.wait()
-            self.pid = None
-            return
-        self.close()
-
-
-class _ClosedError(Exception):
-    """Raised at a driver's boundary after :meth:`ThreadedRounds.close`."""
-
-
-class ThreadedRounds:
-    """A contender whose driver runs its own loop of rounds, one round per call.
-
-    ``driver(boundary)`` runs in a thread of this process and must call ``boundary()`` before
-    its first round and after every round (a framework's per-round callback, e.g. Flower's
-    ``evaluate_fn``). Each call of this object lets the driver run to its next boundary and
-    waits for it, so the helper times exactly one round. :meth:`close` lets the driver finish.
-    """
-
-    def __init__(self, driver: Callable[[Callable[[], None]], Any]) -> None:
-        self._go = threading.Semaphore(0)
-        self._done = threading.Semaphore(0)
-        self._first = True
-        self._closing = False
-        self._finished = False
-        self._error: BaseException | None = None
-
-        def body() -> None:
-            try:
-                driver(self._boundary)
-            except _ClosedError:
-                pass
-            except BaseException as err:  # re-raised in the caller's thread
-                self._error = err
-            finally:
-                self._finished = True
-                self._done.release()
-
-        self._thread = threading.Thread(target=body, name="threaded-rounds", daemon=True)
-        self._thread.start()
-
-    def _boundary(self) -> None:
-        if not self._first:
-            self._done.release()
-        self._first = False
-        self._go.acquire()
-        if self._closing:
-            # Stop a driver that planned more rounds than were asked for.
-            raise _ClosedError
-
-    def __call__(self) -> None:
-        if self._finished:
-            raise RuntimeError("the driver ended before this round") from self._error
-        self._go.release()
-        self._done.acquire()
-        if self._error is not None:
-            raise RuntimeError("the driver failed in this round") from self._error
-
-    def close(self, timeout: float = 60.0) -> None:
-        """End the driver at its next boundary and wait for its thread."""
-        self._closing = True
-        self._go.release()
-        self._thread.join(timeout)
-
-
-def answer(record: Mapping[str, Any]) -> None:
-    """Send one answer to the parent :class:`RoundWorker` (a round's, or the final record)."""
-    sys.stdout.write(_MARK + json.dumps(record) + "\n")
-    sys.stdout.flush()
-
-
-_say = answer
-
-
-def serve_rounds(
-    run_round: Callable[[int], Any],
-    final: Callable[[], Mapping[str, Any]] | None = None,
-    *,
-    hello: Mapping[str, Any] | None = None,
-    stdin: Any = None,
-) -> None:
-    """The worker's side of :class:`RoundWorker`: run the rounds the parent asks for.
-
-    ``run_round(r)`` returns ``None`` (timed here), its own seconds, or a mapping with
-    ``"seconds"`` and extras, as a contender of :func:`compare`. ``hello`` is sent first (for
-    a parent that started the worker with ``hello=True``). On ``stop`` or end of input,
-    ``final()`` (default: the peak RSS) is sent and the function returns.
-    """
-    stdin = sys.stdin if stdin is None else stdin
-    if hello is not None:
-        answer(hello)
-    for line in stdin:
-        text = line.strip()
-        if text == "stop":
-            break
-        start = time.perf_counter()
-        out = run_round(int(text))
-        took = time.perf_counter() - start
-        record = dict(out) if isinstance(out, Mapping) else {}
-        if isinstance(out, (int, float)) and not isinstance(out, bool):
-            record["seconds"] = float(out)
-        if record.get("seconds") is None:
-            record["seconds"] = took
-        _say(record)
-    _say(dict(final()) if final is not None else {"peak_rss_mib": peak_rss_mib()})
-
-
-def next_round(stdin: Any = None) -> int | None:
-    """Block until the parent asks for the next round; ``None`` on ``stop`` or end of input."""
-    line = (sys.stdin if stdin is None else stdin).readline().strip()
-    return None if line in ("", "stop") else int(line)
-
-
-def peak_rss_mib() -> float:
-    """Peak resident set size of this process in MiB (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+from workers import (  # noqa: E402 - re-exported for the scripts
+    RoundWorker,
+    ThreadedRounds,
+    answer,
+    next_round,
+    peak_rss_mib,
+    serve_rounds,
+)
 
 
 def write_json(path: str | os.PathLike[str], payload: Any) -> None:
