@@ -60,3 +60,11 @@ def test_simple_accountings_need_only_scipy_special(argv):
     status, loaded = _loaded(argv)
     assert status == 0
     assert set(loaded) <= {"scipy", "scipy.special"}
+
+
+def test_the_central_gaussian_loads_no_scipy_at_all():
+    """``account gaussian`` needs no series of Theorem 1: scipy.special (0.15 s) stays out, so
+    the command starts within 2x ``import numpy`` (benchmarks/startup.py: 1.67x)."""
+    status, loaded = _loaded(["account", "gaussian", "--sigma", "1", "--steps", "10"])
+    assert status == 0
+    assert loaded == []

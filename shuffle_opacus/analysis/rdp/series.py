@@ -26,7 +26,6 @@ difference is again a sum of non-negative terms (derivations in ``docs/maths.md`
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import gammaln
 
 __all__ = [
     "log_expm1",
@@ -70,6 +69,10 @@ def log_expm1(s: np.ndarray | float) -> np.ndarray:
 
 def log_factorials(max_order: int) -> np.ndarray:
     """Return ``log(m!)`` for ``m = 0..max_order``."""
+    # Imported here: scipy.special costs 0.15 s to import, which the command line's mechanisms
+    # without a series (the central Gaussian, say) should not pay.
+    from scipy.special import gammaln
+
     return gammaln(np.arange(max_order + 1, dtype=float) + 1.0)
 
 
