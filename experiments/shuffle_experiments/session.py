@@ -7,6 +7,7 @@ locally); :func:`open_session` builds the one the config asks for.
 
 from __future__ import annotations
 
+import abc
 import copy
 import functools
 import math
@@ -147,7 +148,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float,
     return loss / x.shape[0], correct / x.shape[0]
 
 
-class Session:
+class Session(abc.ABC):
     """Everything one training session holds; built fresh for a new run or a resume.
 
     The common part: data, model, server optimizer, moving average, noise generator and the
@@ -189,13 +190,15 @@ class Session:
         self._prepare(model, optimizer, start_round)
         self.curves = EpsilonCurves(config, self.population)
 
+    @abc.abstractmethod
     def _prepare(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, start_round: int
     ) -> None:
-        raise NotImplementedError
+        """Prepare the protocol: the private model, the sampler, the population."""
 
+    @abc.abstractmethod
     def _round(self, indices: Sequence[int], round_number: int) -> float:
-        raise NotImplementedError
+        """Release round ``round_number`` on ``indices``; return the mean training loss."""
 
     @property
     def evaluated_model(self) -> nn.Module:

@@ -13,6 +13,7 @@ start-up and which population the accountant uses. ``docs/flower.md`` describes 
 
 from __future__ import annotations
 
+import abc
 import json
 import math
 import time
@@ -202,7 +203,7 @@ def check_nodes(
     log(INFO, "start-up check: all %d nodes accept the privacy parameters", len(node_ids))
 
 
-class CheckInBase:
+class CheckInBase(abc.ABC):
     """The accountant, the budget, the start-up check and the rounds of both check-in modes.
 
     A subclass calls :meth:`_init_checkin` in its constructor and implements
@@ -274,9 +275,9 @@ class CheckInBase:
     # --- accounting ---------------------------------------------------------------------
 
     @property
+    @abc.abstractmethod
     def accounting_population(self) -> int:
         """The population ``n`` the accountant uses."""
-        raise NotImplementedError
 
     @property
     def rounds_accounted(self) -> int:
@@ -340,18 +341,19 @@ class CheckInBase:
 
     # --- what a mode says ---------------------------------------------------------------
 
+    @abc.abstractmethod
     def summary(self) -> None:
         """Log the protocol's parameters."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _handshake_config(self) -> tuple[str, ConfigRecord]:
         """Return the key and the ConfigRecord of the start-up check's instruction."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _echo_problems(self, content: RecordDict) -> list[str]:
         """Return what is wrong with one node's start-up answer (empty: nothing)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _play_round(
         self, server_round: int, arrays: ArrayRecord, grid: Grid, timeout: float
     ) -> ArrayRecord:
@@ -360,11 +362,10 @@ class CheckInBase:
         Raises:
             ProtocolViolationError: with one line saying why the round could not finish.
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _failed_round_metrics(self, server_round: int) -> dict[str, float | int]:
         """Return the metrics of a round that ended the run before it recorded its own."""
-        raise NotImplementedError
 
     # --- the run ------------------------------------------------------------------------
 
