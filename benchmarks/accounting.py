@@ -32,13 +32,10 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from shuffle_opacus.analysis import (  # noqa: E402
-    clones_epsilon,
-    compute_epsilon,
-    shuffle_gaussian_rdp,
-)
+from shuffle_opacus.analysis import clones_epsilon, compute_epsilon  # noqa: E402
 from shuffle_opacus.analysis.mechanisms import _step_table  # noqa: E402
 from shuffle_opacus.analysis.pld import feldman_pair, ldp_shuffle_epsilon  # noqa: E402
+from shuffle_opacus.analysis.rdp.shuffle_gaussian import shuffle_gaussian_rdp  # noqa: E402
 
 TABLE1_PAPER = [0.22820, 0.22820, 0.22821, 0.22821, 0.22821, 0.22822, 0.22822]
 

@@ -25,8 +25,8 @@ import warnings  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 
 from shuffle_opacus.analysis import limits  # noqa: E402
-from shuffle_opacus.analysis.catalogue import account  # noqa: E402
 from shuffle_opacus.analysis.mechanisms import _step_table  # noqa: E402
+from shuffle_opacus.analysis.query import account  # noqa: E402
 from shuffle_opacus.analysis.rdp.conversion import OrderCapWarning  # noqa: E402
 
 

@@ -15,9 +15,9 @@ stay light. The torch-side helpers below are imported on first use.
   :class:`ClientPartition`, :func:`iid_partition`, :func:`dirichlet_partition`,
   :func:`shard_partition` (:mod:`shuffle_opacus.clients`)
 * the accountant classes (:mod:`shuffle_opacus.accountants`)
-* :func:`calibrate`, :func:`calibrate_noise_multiplier`, :func:`history_epsilon`
-  (:mod:`shuffle_opacus.accounting`, no torch), the protocol table :data:`PROTOCOLS`
-  (:mod:`shuffle_opacus.protocols`, no torch)
+* :func:`history_epsilon` (:mod:`shuffle_opacus.history`), :func:`calibrate`,
+  :func:`calibrate_noise_multiplier` (:mod:`shuffle_opacus.calibration`), the protocol table
+  :data:`PROTOCOLS` (:mod:`shuffle_opacus.protocols`); none of them imports torch
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time they load o
         ShuffledCheckInAccountant,
         SubsampledShuffleAccountant,
     )
-    from .accounting import Calibration, calibrate, calibrate_noise_multiplier, history_epsilon
+    from .calibration import Calibration, calibrate, calibrate_noise_multiplier
     from .clients import (
         ClientPartition,
         dirichlet_partition,
@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time they load o
         make_private_clients,
         shard_partition,
     )
+    from .history import history_epsilon
     from .noise import LocalNoiseDPOptimizer
     from .privacy import PrivacyOptions, make_private, make_private_with_epsilon
     from .protocols import PROTOCOLS, Protocol, analysis_sigma, get_protocol
@@ -49,10 +50,10 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time they load o
 __version__ = "0.1.0"
 
 _LAZY: dict[str, str] = {
-    "calibrate_noise_multiplier": ".accounting",
-    "calibrate": ".accounting",
-    "Calibration": ".accounting",
-    "history_epsilon": ".accounting",
+    "calibrate_noise_multiplier": ".calibration",
+    "calibrate": ".calibration",
+    "Calibration": ".calibration",
+    "history_epsilon": ".history",
     "PROTOCOLS": ".protocols",
     "Protocol": ".protocols",
     "analysis_sigma": ".protocols",

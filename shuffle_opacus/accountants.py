@@ -55,8 +55,8 @@ from opacus.accountants import registry as _opacus_registry
 from ._validation import _real, check_int, check_positive, check_probability
 from .accountant_state import HistoryRollbackWarning, load_state, state_of
 from .accountant_state import read_history as _read_history
-from .accounting import history_epsilon
 from .analysis.rdp.conversion import EpsilonResult
+from .history import history_epsilon
 from .protocols import Protocol, protocol_for_accountant, resolve_sensitivity
 from .releases import ReleaseRecord, ReplayError
 from .step_guard import follow_sampler

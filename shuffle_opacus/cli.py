@@ -1,7 +1,7 @@
 """The ``shuffle-opacus`` command: parse, call the maths layer, print one result record per row.
 
 ``shuffle-opacus account MECHANISM [options]`` prints epsilon for one or more step counts of any
-mechanism of :data:`shuffle_opacus.analysis.CATALOGUE`; ``shuffle-opacus calibrate PROTOCOL
+mechanism of :data:`shuffle_opacus.analysis.MECHANISM_TABLE`; ``shuffle-opacus calibrate PROTOCOL
 [options]`` prints the local noise multiplier that meets a target (epsilon, delta). Neither
 imports torch, so they start quickly. Errors are reported on one line (``shuffle-opacus: error:
 ...``) with exit status 2. The MNIST experiment has its own command, ``shuffle-experiment``,
@@ -36,14 +36,16 @@ from ._validation import (
     check_probability,
     check_sigma,
 )
-from .accounting import calibrate
-from .analysis.catalogue import CATALOGUE, PARAMETERS, account
 from .analysis.limits import CLI_MAX_SECONDS, observe
+from .analysis.mechanisms import MECHANISM_TABLE, PARAMETERS
 from .analysis.options import KRR_ADVERSARIES
+from .analysis.query import account
 from .analysis.rdp.conversion import OrderCapWarning
 from .analysis.results import AccountingResult
+from .calibration import calibrate
 from .protocols import (
     PROTOCOL_NAMES,
+    PROTOCOLS,
     SENSITIVITIES,
     PaperConventionWarning,
     get_protocol,
@@ -136,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_account(sub: argparse._SubParsersAction) -> None:
     rows = "; ".join(
-        f"{e.name} ({', '.join(e.required + e.optional)}): {e.summary}" for e in CATALOGUE.values()
+        f"{e.name} ({', '.join(e.parameters + e.optional)}): {e.summary}"
+        for e in MECHANISM_TABLE.values()
     )
     acc = sub.add_parser(
         "account",
@@ -152,7 +155,7 @@ def _add_account(sub: argparse._SubParsersAction) -> None:
             f"of the input domain. Mechanisms: {rows}."
         ),
     )
-    acc.add_argument("mechanism", choices=tuple(CATALOGUE), help="mechanism to account")
+    acc.add_argument("mechanism", choices=tuple(MECHANISM_TABLE), help="mechanism to account")
     acc.add_argument("--n", type=_int_arg("--n"), help="number of users (integer >= 1)")
     acc.add_argument(
         "--noise-multiplier",
@@ -194,14 +197,14 @@ def _add_account(sub: argparse._SubParsersAction) -> None:
         choices=KRR_ADVERSARIES,
         help="krr: strong (knows who randomised, Balle et al.; default) or weak",
     )
-    methods = sorted({m for e in CATALOGUE.values() for m in e.methods})
+    methods = sorted({m for e in MECHANISM_TABLE.values() for m in e.method_names})
     acc.add_argument(
         "--method",
         choices=methods,
         help="bound to use (default: the mechanism's first; for shuffle, subsampled and checkin "
         "pld, the tightest sound one, or its Rényi bound with a note where pld is beyond the "
         "work limits): "
-        + "; ".join(f"{e.name}: {_choices(e.methods)}" for e in CATALOGUE.values()),
+        + "; ".join(f"{e.name}: {_choices(e.method_names)}" for e in MECHANISM_TABLE.values()),
     )
     acc.add_argument("--delta", type=_delta_arg(), default=1e-5, help="target delta (1e-5)")
     acc.add_argument(
@@ -313,7 +316,7 @@ def _progress(label: str) -> Iterator[None]:
 
 
 #: Mechanisms whose noise may be given as a noise multiplier with a sensitivity.
-_NOISE_MULTIPLIER_MECHANISMS = ("shuffle", "subsampled", "checkin")
+_NOISE_MULTIPLIER_MECHANISMS = tuple(p.mechanism for p in PROTOCOLS.values())
 
 
 def _noise_to_sigma(args: argparse.Namespace) -> tuple[float | None, float | None]:
@@ -360,11 +363,11 @@ def _in_noise_units(
 
 
 def _account(args: argparse.Namespace) -> int:
-    entry = CATALOGUE[args.mechanism]
+    entry = MECHANISM_TABLE[args.mechanism]
     sigma, sensitivity = _noise_to_sigma(args)
     given = {name: getattr(args, name) for name in PARAMETERS}
     given["sigma"] = sigma
-    for name in entry.required:
+    for name in entry.parameters:
         if given[name] is None:
             if name == "sigma" and args.mechanism in _NOISE_MULTIPLIER_MECHANISMS:
                 raise CliError(
@@ -372,14 +375,14 @@ def _account(args: argparse.Namespace) -> int:
                 )
             raise CliError(f"--{name} is required for the {entry.name} mechanism")
     for name, value in given.items():
-        if value is not None and name not in entry.required + entry.optional:
+        if value is not None and name not in entry.parameters + entry.optional:
             raise CliError(f"--{name} is not an option of the {entry.name} mechanism")
-    if args.method is not None and args.method not in entry.methods:
+    if args.method is not None and args.method not in entry.method_names:
         raise CliError(
-            f"--method must be one of {_choices(entry.methods)} for {entry.name}. "
+            f"--method must be one of {_choices(entry.method_names)} for {entry.name}. "
             f"Found {args.method!r}."
         )
-    if args.max_order is not None and not entry.orders:
+    if args.max_order is not None and not entry.by_rounds:
         raise CliError(f"--max-order is not an option of the {entry.name} mechanism")
     with warnings.catch_warnings():
         # An optimum at the order cap is reported below, from the records themselves.

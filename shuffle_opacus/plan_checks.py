@@ -23,7 +23,7 @@ import warnings
 import torch
 
 from .accountants import ShuffleAccountantBase
-from .accounting import history_epsilon
+from .history import history_epsilon
 
 __all__ = ["CHECK_DELTA", "CHECK_MAX_ORDER", "check_release_plan", "finite_limit"]
 

@@ -20,7 +20,7 @@ or not. Every argument is checked before anything is changed: after a ``ValueErr
 the optimizer and the accountant are as they were.
 
 :func:`make_private_with_epsilon` first calibrates the local noise multiplier to a target
-``(epsilon, delta)`` with :func:`shuffle_opacus.accounting.calibrate_noise_multiplier` and then
+``(epsilon, delta)`` with :func:`shuffle_opacus.calibration.calibrate_noise_multiplier` and then
 delegates to :func:`make_private`. The options of both are gathered in one frozen
 :class:`PrivacyOptions`, validated once before anything changes.
 """
@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader
 
 from ._validation import check_positive
 from .accountants import ACCOUNTANTS, ShuffleAccountantBase
-from .accounting import calibrate_noise_multiplier
+from .calibration import calibrate_noise_multiplier
 from .clipping import ClippedSumModule, FastGradientClipper
 from .loading import (
     _first_example,

@@ -238,7 +238,8 @@ class Protocol:
     Attributes:
         name: ``full``, ``subsampled`` or ``checkin``.
         accountant: Name of its Opacus accountant.
-        mechanism: Name of its analysis mechanism (:data:`shuffle_opacus.analysis.MECHANISMS`).
+        mechanism: Name of its analysis mechanism (a key of
+            :data:`shuffle_opacus.analysis.MECHANISM_TABLE`).
         parameter: The protocol's own parameter: ``"rate"`` (check-in probability),
             ``"sample_size"`` (clients per round) or ``None`` (every client, every round).
         summary: Who reports in a round, in words.

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shuffle_opacus.analysis.catalogue import CATALOGUE
+from shuffle_opacus.analysis import query
+from shuffle_opacus.analysis.mechanisms import MECHANISM_TABLE
 from shuffle_opacus.cli import PROG, main
 
 #: Hostile values for any numeric option.
@@ -189,8 +190,10 @@ def test_expensive_requests_are_refused_up_front(
     def no_work(**_: object) -> None:
         raise AssertionError("the computation started before the request was refused")
 
-    for name, entry in CATALOGUE.items():
-        monkeypatch.setitem(CATALOGUE, name, dataclasses.replace(entry, run=no_work))
+    monkeypatch.setattr(query, "compute_epsilon", no_work)
+    for name, entry in MECHANISM_TABLE.items():
+        if entry.results is not None:
+            monkeypatch.setitem(MECHANISM_TABLE, name, dataclasses.replace(entry, results=no_work))
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert names in err and err.count("\n") == 1
@@ -198,7 +201,7 @@ def test_expensive_requests_are_refused_up_front(
 
 TOKENS = st.sampled_from(
     [
-        "account", "calibrate", *CATALOGUE, "full", "checkin", "subsampled",
+        "account", "calibrate", *MECHANISM_TABLE, "full", "checkin", "subsampled",
         "--n", "--sigma", "--eps0", "--m", "--rate", "--k", "--gamma", "--adversary", "--method",
         "--delta", "--steps", "--max-order", "--json", "--rounds", "--epsilon", "--sensitivity",
         "strong", "weak", "pld", "exact", "sum", "paper", "replace-one",

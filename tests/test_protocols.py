@@ -126,7 +126,10 @@ def test_full_protocol_references_have_closed_forms():
 
 
 def test_subsampled_references_are_the_wang_bound_of_the_gaussian():
-    from shuffle_opacus.analysis import subsampled_gaussian_rdp, subsampled_shuffle_rdp
+    from shuffle_opacus.analysis.rdp.subsampling import (
+        subsampled_gaussian_rdp,
+        subsampled_shuffle_rdp,
+    )
 
     orders = np.arange(2, 40)
     mech = get_mechanism("subsampled")

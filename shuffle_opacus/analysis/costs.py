@@ -208,7 +208,7 @@ def account_seconds(
     automatic order range (the later stages are charged as they start, see :func:`charge`).
 
     Args:
-        mechanism: A mechanism of :data:`~shuffle_opacus.analysis.CATALOGUE`.
+        mechanism: A mechanism of :data:`~shuffle_opacus.analysis.MECHANISM_TABLE`.
         values: Its parameters by name (``None`` for absent ones).
         steps: The round counts.
         method: The method (``None`` for the default).

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._lazy import lazy_function
 from .._validation import check_delta, check_int
 from .limits import (
     API_MAX_SECONDS,
@@ -26,17 +25,12 @@ from .limits import (
     remaining_budget,
     shuffle_pld_seconds,
 )
-from .mechanisms import Mechanism, RoundSetting, _step_table, get_mechanism
+from .mechanisms import Mechanism, RoundSetting, _step_table, round_mechanism
 from .rdp.conversion import EpsilonResult, epsilon_from_rdp
 from .results import PLD_ACCOUNTING_SYMMETRISED, AccountingResult
 
 if TYPE_CHECKING:
     from .pld.rounds import PldEstimate
-
-pld_discretization = lazy_function(
-    "shuffle_opacus.analysis.pld.shuffle_gaussian", "pld_discretization"
-)
-pld_tail = lazy_function("shuffle_opacus.analysis.pld.shuffle_gaussian", "pld_tail")
 
 __all__ = ["rounds_epsilon", "compute_epsilon"]
 
@@ -111,7 +105,7 @@ def rounds_epsilon(
     round) costs only the composition or the conversion.
 
     Args:
-        mechanism: One of :data:`MECHANISMS`.
+        mechanism: A mechanism of :data:`~.mechanisms.MECHANISM_TABLE` composed round by round.
         rounds: ``(setting, steps)`` pairs, settings from :meth:`Mechanism.setting`.
         delta: Target delta in ``(0, 1)``.
         method: A method of the mechanism (the default when ``None``).
@@ -126,7 +120,7 @@ def rounds_epsilon(
     Raises:
         ValueError: on an invalid argument.
     """
-    mech = get_mechanism(mechanism)
+    mech = round_mechanism(mechanism)
     delta = check_delta(delta)
     if reference is not None and method is not None:
         raise ValueError(
@@ -210,14 +204,14 @@ def compute_epsilon(
     rounds' RDP and convert by Lemma 2.
 
     Args:
-        mechanism: One of :data:`MECHANISMS`.
+        mechanism: A mechanism of :data:`~.mechanisms.MECHANISM_TABLE` composed round by round.
         sigma: Noise parameter (see the module docstring for its unit).
         steps: Number of rounds composed (integer >= 1).
         delta: Target delta in ``(0, 1)``.
         n: Population size (shuffle mechanisms).
         m: Users per round (``subsampled``).
         rate: Check-in rate (``checkin``) or Poisson rate (``subsampled-gaussian``).
-        method: Bound to use; the first entry of ``METHODS[mechanism]`` by default.
+        method: Bound to use; the mechanism's default by default.
         max_order: Cap on the Rényi order (Rényi-DP methods; with the default method of a
             shuffle mechanism it selects the Rényi fallback). A warning
             (:class:`~shuffle_opacus.analysis.OrderCapWarning`) is issued when the optimum sits
@@ -229,7 +223,7 @@ def compute_epsilon(
     Raises:
         ValueError: on any invalid argument.
     """
-    mech = get_mechanism(mechanism)
+    mech = round_mechanism(mechanism)
     mech.method(method)
     setting = mech.setting(sigma=sigma, n=n, m=m, rate=rate)
     steps = check_int("steps", steps, minimum=1)
@@ -245,10 +239,12 @@ def compute_epsilon(
         "parameters": setting.as_dict(),
         "neighbouring": mech.neighbouring,
         "note": res.note,
-        "sensitivity": _SIGMA_UNIT if mech.name in _SHUFFLE_MECHANISMS else None,
+        "sensitivity": mech.sigma_unit,
         "assumptions": mech.assumptions,
     }
-    if res.method == "pld":
+    if res.method == "pld" and setting.n is not None:  # pld: the shuffle mechanisms, n given
+        from .pld.shuffle_gaussian import pld_discretization, pld_tail
+
         grid = pld_discretization(n=setting.n, sigma=setting.sigma, rate=setting.rate, m=setting.m)
         return AccountingResult(
             method="pld",
@@ -267,10 +263,3 @@ def compute_epsilon(
         at_cap=res.at_cap,
         **common,  # type: ignore[arg-type]
     )
-
-
-_SHUFFLE_MECHANISMS = frozenset({"shuffle", "subsampled", "checkin"})
-
-_SIGMA_UNIT = (
-    "sigma is each user's noise std over the distance between the differing user's two inputs"
-)

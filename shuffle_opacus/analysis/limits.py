@@ -135,7 +135,7 @@ def check_budget(
     """Refuse a request whose estimated cost exceeds ``budget`` seconds.
 
     Args:
-        mechanism: A mechanism of :data:`~shuffle_opacus.analysis.CATALOGUE`.
+        mechanism: A mechanism of :data:`~shuffle_opacus.analysis.MECHANISM_TABLE`.
         values: Its parameters by name (validated).
         steps: The round counts (validated).
         method: The method, or ``None``.

@@ -1,51 +1,19 @@
-"""The table of mechanisms: their parameters, methods and references, described once.
+"""The table of mechanisms: one record per mechanism, its parameters, methods and references.
 
-Every part of the package that turns a mechanism into epsilon (the ``account`` command, the
-Opacus accountants through :mod:`shuffle_opacus.protocols`, the experiment's curves) reads this
-table, as ``dp_accounting``'s ``dp_event`` describes each mechanism once. Adding a method to a
-mechanism means adding one :class:`Method` entry here.
-
-==========================  ===============================  ================================
-mechanism                   parameters                       methods (first is the default)
-==========================  ===============================  ================================
-``shuffle``                 ``n``, ``sigma``                 ``pld``, ``theorem1``,
-                                                             ``corollary1``
-``subsampled``              ``n``, ``m``, ``sigma``          ``pld``, ``theorem2``
-``checkin``                 ``n``, ``rate``, ``sigma``       ``pld``, ``exact``, ``sum``,
-                                                             ``theorem3``
-``gaussian``                ``sigma``                        ``rdp``
-``subsampled-gaussian``     ``rate``, ``sigma``              ``rdp``
-==========================  ===============================  ================================
-
-The default of the shuffle mechanisms is ``pld``, the tightest sound method: the privacy loss
-distribution of the symmetrised Theorem 1 pair (:mod:`.pld.rounds`). Where its estimated cost
-exceeds the work limits (or the pair's engines cannot evaluate the setting) the default falls
-back to the mechanism's Rényi bound (``fallback``), and the result says so in its note. The
-other methods are upper bounds on the Rényi DP of one round (references in their docstrings and
-in ``docs/maths.md``). The shuffle mechanisms also carry two *references*, which are comparison
-curves and not guarantees of the shuffle protocol:
-
-``no-shuffle``
-    Corollary 1 of Liew & Takahashi in place of Theorem 1 (no amplification by shuffling):
-    the Gaussian for ``shuffle``, the Wang-Balle-Kasiviswanathan bound of the Gaussian for
-    ``subsampled``, the Poisson-subsampled Gaussian with the local sigma for ``checkin`` (the
-    comparison curve of the paper's Figure 1).
-``central``
-    A trusted server adding the same total noise to the sum: sigma times ``sqrt(n)``,
-    ``sqrt(m)`` or ``sqrt(rate n)`` (the expected number of reports), through the Gaussian, the
-    Wang et al. bound or the Poisson-subsampled Gaussian respectively.
-
-Units: for the shuffle mechanisms ``sigma`` is the paper's sigma (per-user noise standard
-deviation divided by the L2 distance of the differing user's two inputs); for the two central
-mechanisms it is the noise on the released sum divided by the sensitivity of the sum. The
-neighbouring relation of the shuffle mechanisms is replace-one (the unit of privacy is one user);
-their guarantees assume that Theorem 1's pair (the other users at a common value) is the worst
-case, which is numerical evidence (docs/maths.md), and that the sampling and the shuffle are
-secret (:attr:`Mechanism.assumptions`).
+Everything that turns a mechanism into epsilon reads :data:`MECHANISM_TABLE`: the ``account``
+command and :func:`~shuffle_opacus.analysis.account`, the Opacus accountants through the
+protocol table (:data:`shuffle_opacus.PROTOCOLS` names a mechanism of it), the experiment's
+curves. Mechanisms composed round by round (``shuffle``, ``subsampled``, ``checkin``, ``gaussian``,
+``subsampled-gaussian``) carry per-round RDP factories and, for the shuffle mechanisms, the
+``pld`` method, their tightest sound default, with a Rényi ``fallback`` where the work limits
+do not allow it; the others (``clones``, ``clones-gaussian``, ``ldp-shuffle``, ``krr``) carry
+the function that accounts them (:attr:`Mechanism.results`). The functions live in
+:mod:`.methods`. Units, references and assumptions: docs/maths.md, "The mechanism table".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -54,33 +22,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._lazy import lazy_function
 from .._validation import check_int, check_probability, check_sigma
-from .limits import (
-    charge,
-    largest_within,
-    rdp_stage_seconds,
-    report_progress,
-)
+from . import methods as _m
+from .limits import charge, largest_within, rdp_stage_seconds, report_progress
+from .methods import RdpFactory, RdpFn
+from .options import CLONES_METHODS, KRR_ADVERSARIES, LDP_SHUFFLE_METHODS
 
 if TYPE_CHECKING:
     from .pld.rounds import PldEstimate
-
-# The maths behind the table, imported when first used (the table itself stays light).
-_A = "shuffle_opacus.analysis."
-pld_discretization = lazy_function(_A + "pld.shuffle_gaussian", "pld_discretization")
-pld_tail = lazy_function(_A + "pld.shuffle_gaussian", "pld_tail")
-shuffle_rounds_epsilon = lazy_function(_A + "pld.rounds", "shuffle_rounds_epsilon")
-shuffle_round = lazy_function(_A + "pld.rounds", "ShuffleRound")
-gaussian_rdp = lazy_function(_A + "rdp.central", "gaussian_rdp")
-poisson_subsampled_gaussian_rdp = lazy_function(
-    _A + "rdp.central", "poisson_subsampled_gaussian_rdp"
-)
-checkin_rdp = lazy_function(_A + "rdp.checkin", "checkin_rdp")
-no_shuffle_rdp = lazy_function(_A + "rdp.shuffle_gaussian", "no_shuffle_rdp")
-shuffle_gaussian_rdp = lazy_function(_A + "rdp.shuffle_gaussian", "shuffle_gaussian_rdp")
-subsampled_gaussian_rdp = lazy_function(_A + "rdp.subsampling", "subsampled_gaussian_rdp")
-subsampled_shuffle_rdp = lazy_function(_A + "rdp.subsampling", "subsampled_shuffle_rdp")
+    from .results import AccountingResult
 
 __all__ = [
     "RdpFn",
@@ -88,18 +38,20 @@ __all__ = [
     "Method",
     "Mechanism",
     "MECHANISM_TABLE",
-    "MECHANISMS",
-    "METHODS",
-    "REFERENCES",
+    "PARAMETERS",
     "get_mechanism",
+    "round_mechanism",
     "per_step_rdp",
     "SHUFFLE_ASSUMPTIONS",
 ]
 
-RdpFn = Callable[[np.ndarray], np.ndarray]
-"""Maps a sorted array of integer orders ``>= 2`` to the RDP of one round at those orders."""
+PARAMETERS: tuple[str, ...] = ("n", "sigma", "eps0", "m", "rate", "k", "gamma", "adversary")
+"""Every mechanism parameter, in the order results display them."""
 
 _PARAMETER_ORDER = ("n", "sigma", "m", "rate")
+
+Runner = Callable[..., "list[AccountingResult]"]
+"""``run(steps=..., delta=..., method=..., **parameters)``: one result per round count."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +77,7 @@ class RoundSetting:
 
 @dataclass(frozen=True)
 class Method:
-    """One way to bound the privacy of a round: a Rényi-DP curve or a privacy loss distribution.
+    """One way to bound the privacy of a mechanism.
 
     Attributes:
         name: The method's name (``--method`` of the ``account`` command).
@@ -136,14 +88,16 @@ class Method:
     """
 
     name: str
-    step_rdp: Callable[[RoundSetting], RdpFn] | None
+    step_rdp: RdpFactory | None
     summary: str
     pld: Callable[[Sequence[tuple[RoundSetting, int]], float, bool], PldEstimate] | None = None
 
     @property
     def kind(self) -> str:
-        """``rdp`` or ``pld``."""
-        return "pld" if self.pld is not None else "rdp"
+        """``rdp``, ``pld``, or ``whole`` (accounted by :attr:`Mechanism.results`)."""
+        if self.pld is not None:
+            return "pld"
+        return "rdp" if self.step_rdp is not None else "whole"
 
 
 @dataclass(frozen=True)
@@ -152,22 +106,33 @@ class Mechanism:
 
     Attributes:
         name: The mechanism's name (``shuffle-opacus account NAME``).
-        parameters: The parameters it requires, among ``n``, ``m``, ``rate`` and ``sigma``.
+        parameters: The parameters it requires (names of :data:`PARAMETERS`).
         methods: Its methods; the first is the default, the tightest sound one.
         neighbouring: The neighbouring relation of its guarantees.
+        summary: One line for help texts.
+        optional: Parameters it accepts besides the required ones.
         references: Comparison curves by name (``no-shuffle``, ``central``); not guarantees.
         fallback: The method the default falls back to where the default's estimated cost
             exceeds the work limits, or ``None`` (the default is always used).
-        assumptions: What its guarantees rest on besides the neighbouring relation.
+        assumptions: What its guarantees rest on besides the neighbouring relation (for a
+            mechanism with :attr:`results`, its results state them: they depend on the method).
+        sigma_unit: What ``sigma`` is relative to, where the results should say it.
+        results: For a mechanism not composed round by round, the function that accounts it
+            (``results(steps=..., delta=..., method=..., **parameters)``); ``None`` for the
+            mechanisms of :func:`per_step_rdp` and :func:`~.epsilon.rounds_epsilon`.
     """
 
     name: str
     parameters: tuple[str, ...]
     methods: tuple[Method, ...]
     neighbouring: str
-    references: Mapping[str, Callable[[RoundSetting], RdpFn]]
+    summary: str
+    optional: tuple[str, ...] = ()
+    references: Mapping[str, RdpFactory] = dataclasses.field(default_factory=dict)
     fallback: str | None = None
     assumptions: tuple[str, ...] = ()
+    sigma_unit: str | None = None
+    results: Runner | None = None
 
     @property
     def method_names(self) -> tuple[str, ...]:
@@ -178,6 +143,11 @@ class Mechanism:
     def default_method(self) -> str:
         """Name of the default method (the tightest sound one; see :attr:`fallback`)."""
         return self.methods[0].name
+
+    @property
+    def by_rounds(self) -> bool:
+        """Whether it is composed round by round (no :attr:`results` function)."""
+        return self.results is None
 
     def method(self, name: str | None = None) -> Method:
         """Return the method called ``name`` (the default for ``None``).
@@ -194,7 +164,7 @@ class Mechanism:
             f"method must be one of {', '.join(self.method_names)} for {self.name}. Found {name!r}."
         )
 
-    def reference(self, name: str) -> Callable[[RoundSetting], RdpFn]:
+    def reference(self, name: str) -> RdpFactory:
         """Return the per-round RDP factory of the reference curve ``name``.
 
         Raises:
@@ -223,7 +193,7 @@ class Mechanism:
         """
         given = {"n": n, "sigma": sigma, "m": m, "rate": rate}
         for name in self.parameters:
-            if given[name] is None:
+            if given.get(name) is None:
                 raise ValueError(f"{name} is required for {self.name}.")
         for name, value in given.items():
             if value is not None and name not in self.parameters:
@@ -237,80 +207,11 @@ class Mechanism:
         )
 
 
-# --- per-round RDP factories of every method and reference ------------------------------------
-
-
-def _theorem1(s: RoundSetting) -> RdpFn:
-    return lambda orders: shuffle_gaussian_rdp(n=s.n, sigma=s.sigma, orders=orders)  # type: ignore[arg-type]
-
-
-def _corollary1(s: RoundSetting) -> RdpFn:
-    return lambda orders: no_shuffle_rdp(sigma=s.sigma, orders=orders)
-
-
-def _theorem2(s: RoundSetting) -> RdpFn:
-    return lambda orders: subsampled_shuffle_rdp(n=s.n, m=s.m, sigma=s.sigma, orders=orders)  # type: ignore[arg-type]
-
-
-def _checkin(method: str) -> Callable[[RoundSetting], RdpFn]:
-    def factory(s: RoundSetting) -> RdpFn:
-        return lambda orders: checkin_rdp(
-            n=s.n,  # type: ignore[arg-type]
-            rate=s.rate,  # type: ignore[arg-type]
-            sigma=s.sigma,
-            orders=orders,
-            method=method,
-        )
-
-    return factory
-
-
-def _gaussian(scale: Callable[[RoundSetting], float]) -> Callable[[RoundSetting], RdpFn]:
-    def factory(s: RoundSetting) -> RdpFn:
-        return lambda orders: gaussian_rdp(sigma=s.sigma * scale(s), orders=orders)
-
-    return factory
-
-
-def _poisson_gaussian(scale: Callable[[RoundSetting], float]) -> Callable[[RoundSetting], RdpFn]:
-    def factory(s: RoundSetting) -> RdpFn:
-        return lambda orders: poisson_subsampled_gaussian_rdp(
-            rate=s.rate,  # type: ignore[arg-type]
-            sigma=s.sigma * scale(s),
-            orders=orders,
-        )
-
-    return factory
-
-
-def _wang_gaussian(scale: Callable[[RoundSetting], float]) -> Callable[[RoundSetting], RdpFn]:
-    def factory(s: RoundSetting) -> RdpFn:
-        return lambda orders: subsampled_gaussian_rdp(
-            rate=s.m / s.n,  # type: ignore[operator]
-            sigma=s.sigma * scale(s),
-            orders=orders,
-        )
-
-    return factory
-
-
-def _one(_: RoundSetting) -> float:
-    return 1.0
-
-
-def _shuffle_pld(
-    rounds: Sequence[tuple[RoundSetting, int]], delta: float, lower: bool
-) -> PldEstimate:
-    # For the shuffle mechanisms: rate for check-in, m for the subsampled shuffle.
-    parts = [(shuffle_round(n=s.n, sigma=s.sigma, rate=s.rate, m=s.m), k) for s, k in rounds]
-    return shuffle_rounds_epsilon(parts, delta=delta, lower=lower)  # type: ignore[no-any-return]
-
-
 _PLD = Method(
     "pld",
     None,
     "privacy loss distribution of the symmetrised Theorem 1 pair (tight (eps, delta))",
-    pld=_shuffle_pld,
+    pld=_m.shuffle_pld,
 )
 
 _REPLACE_ONE = "replace-one user"
@@ -324,6 +225,15 @@ SHUFFLE_ASSUMPTIONS: tuple[str, ...] = (
 
 _SECRET_SAMPLING = "the sampling coins are secret: no adversary knows which users report in a round"
 
+_SIGMA_UNIT = (
+    "sigma is each user's noise std over the distance between the differing user's two inputs"
+)
+
+
+def _whole(names: Sequence[str], summary: str) -> tuple[Method, ...]:
+    return tuple(Method(name, None, summary) for name in names)
+
+
 MECHANISM_TABLE: dict[str, Mechanism] = {
     m.name: m
     for m in (
@@ -332,55 +242,61 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
             parameters=("n", "sigma"),
             methods=(
                 _PLD,
-                Method("theorem1", _theorem1, "Theorem 1 of Liew & Takahashi, exact RDP"),
-                Method("corollary1", _corollary1, "Corollary 1: the Gaussian, no shuffling"),
+                Method("theorem1", _m.theorem1, "Theorem 1 of Liew & Takahashi, exact RDP"),
+                Method("corollary1", _m.corollary1, "Corollary 1: the Gaussian, no shuffling"),
             ),
             neighbouring=_REPLACE_ONE,
+            summary=_PLD.summary,
             references={
-                "no-shuffle": _corollary1,
-                "central": _gaussian(lambda s: math.sqrt(s.n)),  # type: ignore[arg-type]
+                "no-shuffle": _m.corollary1,
+                "central": _m.gaussian(lambda s: math.sqrt(s.n)),  # type: ignore[arg-type]
             },
             fallback="theorem1",
             assumptions=SHUFFLE_ASSUMPTIONS,
+            sigma_unit=_SIGMA_UNIT,
         ),
         Mechanism(
             name="subsampled",
             parameters=("n", "m", "sigma"),
             methods=(
                 _PLD,
-                Method("theorem2", _theorem2, "Theorem 2: Wang et al. bound on Theorem 1 (RDP)"),
+                Method("theorem2", _m.theorem2, "Theorem 2: Wang et al. bound on Theorem 1 (RDP)"),
             ),
             neighbouring=_REPLACE_ONE,
+            summary=_PLD.summary,
             references={
-                "no-shuffle": _wang_gaussian(_one),
-                "central": _wang_gaussian(lambda s: math.sqrt(s.m)),  # type: ignore[arg-type]
+                "no-shuffle": _m.wang_gaussian(_m.one),
+                "central": _m.wang_gaussian(lambda s: math.sqrt(s.m)),  # type: ignore[arg-type]
             },
             fallback="theorem2",
             assumptions=(*SHUFFLE_ASSUMPTIONS, _SECRET_SAMPLING),
+            sigma_unit=_SIGMA_UNIT,
         ),
         Mechanism(
             name="checkin",
             parameters=("n", "rate", "sigma"),
             methods=(
                 _PLD,
-                Method("exact", _checkin("exact"), "exact binomial average of Theorem 1 (RDP)"),
-                Method("sum", _checkin("sum"), "the paper's Eq. 17 summed over the binomial"),
-                Method("theorem3", _checkin("theorem3"), "the paper's Theorem 3 (Conjecture 1)"),
+                Method("exact", _m.checkin("exact"), "exact binomial average of Theorem 1 (RDP)"),
+                Method("sum", _m.checkin("sum"), "the paper's Eq. 17 summed over the binomial"),
+                Method("theorem3", _m.checkin("theorem3"), "the paper's Theorem 3 (Conjecture 1)"),
             ),
             neighbouring=_REPLACE_ONE,
+            summary=_PLD.summary,
             references={
-                "no-shuffle": _poisson_gaussian(_one),
-                "central": _poisson_gaussian(lambda s: math.sqrt(s.rate * s.n)),  # type: ignore[operator]
+                "no-shuffle": _m.poisson_gaussian(_m.one),
+                "central": _m.poisson_gaussian(lambda s: math.sqrt(s.rate * s.n)),  # type: ignore[operator]
             },
             fallback="exact",
             assumptions=(*SHUFFLE_ASSUMPTIONS, _SECRET_SAMPLING),
+            sigma_unit=_SIGMA_UNIT,
         ),
         Mechanism(
             name="gaussian",
             parameters=("sigma",),
-            methods=(Method("rdp", _gaussian(_one), "Gaussian mechanism, lambda / 2 sigma^2"),),
+            methods=(Method("rdp", _m.gaussian(_m.one), "Gaussian mechanism, lambda / 2 sigma^2"),),
             neighbouring="sum changes by at most the sensitivity",
-            references={},
+            summary="Gaussian mechanism, lambda / 2 sigma^2",
         ),
         Mechanism(
             name="subsampled-gaussian",
@@ -388,26 +304,55 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
             methods=(
                 Method(
                     "rdp",
-                    _poisson_gaussian(_one),
+                    _m.poisson_gaussian(_m.one),
                     "Poisson-subsampled Gaussian (Mironov, Talwar & Zhang)",
                 ),
             ),
             neighbouring="add/remove-one user (Poisson sampling)",
-            references={},
+            summary="Poisson-subsampled Gaussian (Mironov, Talwar & Zhang)",
+        ),
+        Mechanism(
+            name="clones",
+            parameters=("n", "eps0"),
+            methods=_whole(CLONES_METHODS, "clones bound (Feldman, McMillan & Talwar)"),
+            neighbouring=_REPLACE_ONE,
+            summary="clones bound for eps0-LDP reports (approximate DP)",
+            results=_m.clones,
+        ),
+        Mechanism(
+            name="clones-gaussian",
+            parameters=("n", "sigma"),
+            optional=("rate",),
+            methods=_whole(CLONES_METHODS, "clones bound (Feldman, McMillan & Talwar)"),
+            neighbouring=_REPLACE_ONE,
+            summary="clones bound for Gaussian reports, Theorem 3.8 (approximate DP)",
+            results=_m.clones,
+        ),
+        Mechanism(
+            name="ldp-shuffle",
+            parameters=("n", "eps0"),
+            optional=("m",),
+            methods=_whole(LDP_SHUFFLE_METHODS, "PLD of a dominating pair of shuffled reports"),
+            neighbouring=_REPLACE_ONE,
+            summary=(
+                "PLD of a Feldman-McMillan-Talwar pair for eps0-LDP reports: pld, the clones pair "
+                "(any eps0-LDP randomiser); pld-stronger, the 2022 pair, which its errata restrict "
+                "to randomisers such as binary and k-ary randomised response"
+            ),
+            results=_m.ldp_shuffle,
+        ),
+        Mechanism(
+            name="krr",
+            parameters=("n", "k", "gamma"),
+            optional=("adversary",),
+            methods=_whole(("pld",), "PLD of shuffled k-randomised response"),
+            neighbouring=_REPLACE_ONE,
+            summary=f"PLD of shuffled k-randomised response ({' or '.join(KRR_ADVERSARIES)})",
+            results=_m.krr,
         ),
     )
 }
-
-MECHANISMS: tuple[str, ...] = tuple(MECHANISM_TABLE)
-"""Names of the mechanisms with a Rényi-DP analysis."""
-
-METHODS: dict[str, tuple[str, ...]] = {m.name: m.method_names for m in MECHANISM_TABLE.values()}
-"""Methods of each mechanism, the default first."""
-
-REFERENCES: dict[str, tuple[str, ...]] = {
-    m.name: tuple(m.references) for m in MECHANISM_TABLE.values()
-}
-"""Reference curves of each mechanism."""
+"""Every mechanism by name: the one table of what a mechanism is."""
 
 
 def get_mechanism(name: str) -> Mechanism:
@@ -417,8 +362,25 @@ def get_mechanism(name: str) -> Mechanism:
         ValueError: for an unknown name.
     """
     if name not in MECHANISM_TABLE:
-        raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}. Found {name!r}.")
+        raise ValueError(f"mechanism must be one of {', '.join(MECHANISM_TABLE)}. Found {name!r}.")
     return MECHANISM_TABLE[name]
+
+
+def round_mechanism(name: str) -> Mechanism:
+    """Return the table entry of ``name``, a mechanism composed round by round.
+
+    Raises:
+        ValueError: for an unknown name or a mechanism accounted as a whole (use
+            :func:`~shuffle_opacus.analysis.account` for those).
+    """
+    mech = get_mechanism(name)
+    if not mech.by_rounds:
+        rounds = ", ".join(m.name for m in MECHANISM_TABLE.values() if m.by_rounds)
+        raise ValueError(
+            f"mechanism must be one of {rounds} here ({name} is accounted as a whole: use "
+            f"account()). Found {name!r}."
+        )
+    return mech
 
 
 @functools.lru_cache(maxsize=256)
@@ -477,12 +439,12 @@ def per_step_rdp(
     """Return a function mapping integer orders to the RDP of one round of ``mechanism``.
 
     Args:
-        mechanism: One of :data:`MECHANISMS`.
+        mechanism: A mechanism of :data:`MECHANISM_TABLE` composed round by round.
         sigma: Noise parameter (see the module docstring for its unit).
         n: Population size (shuffle mechanisms).
         m: Users per round (``subsampled``).
         rate: Check-in rate (``checkin``) or Poisson rate (``subsampled-gaussian``).
-        method: Bound to use; the first entry of ``METHODS[mechanism]`` by default.
+        method: Bound to use; the mechanism's default by default.
 
     Returns:
         ``orders -> rdp`` (numpy arrays).
@@ -491,7 +453,7 @@ def per_step_rdp(
         ValueError: on an unknown mechanism or method, a missing or extraneous parameter, or an
             out-of-range value.
     """
-    mech = get_mechanism(mechanism)
+    mech = round_mechanism(mechanism)
     chosen = mech.method(method)
     if chosen.step_rdp is None:
         raise ValueError(f"method {chosen.name} of {mechanism} has no Rényi-DP curve.")

@@ -27,7 +27,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from .._validation import check_int, check_positive
-from ..accounting import history_epsilon
+from ..history import history_epsilon
 from ..protocols import HistoryEntry, get_protocol
 from .config import ShufflePrivacyConfig
 from .mod import REFUSED

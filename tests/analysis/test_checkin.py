@@ -9,19 +9,16 @@ from hypothesis import strategies as st
 from scipy.special import logsumexp
 from scipy.stats import binom
 
-from shuffle_opacus.analysis import (
-    checkin_rdp,
-    compute_epsilon,
-    poisson_subsampled_gaussian_rdp,
-    shuffle_gaussian_rdp,
-    subsampled_shuffle_rdp,
-)
+from shuffle_opacus.analysis import compute_epsilon
+from shuffle_opacus.analysis.rdp.central import poisson_subsampled_gaussian_rdp
+from shuffle_opacus.analysis.rdp.checkin import checkin_rdp
 from shuffle_opacus.analysis.rdp.series import (
     log_gaussian_excess,
     mixture_log_excess,
     shuffle_log_excess,
 )
-from shuffle_opacus.analysis.rdp.subsampling import wang_log_excess
+from shuffle_opacus.analysis.rdp.shuffle_gaussian import shuffle_gaussian_rdp
+from shuffle_opacus.analysis.rdp.subsampling import subsampled_shuffle_rdp, wang_log_excess
 
 
 def explicit_average(n, rate, sigma, orders, conditional):

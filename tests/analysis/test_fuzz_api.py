@@ -20,18 +20,18 @@ import warnings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shuffle_opacus.accounting import calibrate_noise_multiplier
 from shuffle_opacus.analysis import (
+    MECHANISM_TABLE,
     account,
-    checkin_rdp,
     clones_epsilon,
     compute_epsilon,
     epsilon_from_rdp,
     rdp_to_dp,
-    shuffle_gaussian_rdp,
 )
-from shuffle_opacus.analysis.catalogue import CATALOGUE
+from shuffle_opacus.analysis.rdp.checkin import checkin_rdp
 from shuffle_opacus.analysis.rdp.conversion import OrderCapWarning
+from shuffle_opacus.analysis.rdp.shuffle_gaussian import shuffle_gaussian_rdp
+from shuffle_opacus.calibration import calibrate_noise_multiplier
 
 RTOL, ATOL = 1e-9, 1e-12
 ORDERS = 64  # fixed order range 2..64: the same Lemma 2 term on both sides of a comparison
@@ -126,7 +126,7 @@ def _clean(call) -> str:
 
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(
-    mechanism=st.sampled_from(sorted(CATALOGUE)),
+    mechanism=st.sampled_from(sorted(MECHANISM_TABLE)),
     values=st.fixed_dictionaries(
         {},
         optional={k: HOSTILE for k in ("n", "sigma", "m", "rate", "eps0", "k", "gamma")},
@@ -136,15 +136,15 @@ def _clean(call) -> str:
     max_order=st.one_of(st.none(), HOSTILE),
 )
 def test_account_raises_only_one_line_value_errors(mechanism, values, steps, delta, max_order):
-    entry = CATALOGUE[mechanism]
-    params = {k: v for k, v in values.items() if k in entry.required + entry.optional}
+    entry = MECHANISM_TABLE[mechanism]
+    params = {k: v for k, v in values.items() if k in entry.parameters + entry.optional}
     _clean(
         lambda: account(
             mechanism,
             params,
             steps=steps,
             delta=delta,
-            max_order=max_order if entry.orders else None,
+            max_order=max_order if entry.by_rounds else None,
             max_seconds=2.0,
         )
     )

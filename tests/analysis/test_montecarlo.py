@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from shuffle_opacus.analysis import shuffle_gaussian_rdp
 from shuffle_opacus.analysis.approximate.analytic_gaussian import gaussian_dp_delta
 from shuffle_opacus.analysis.montecarlo import shuffled_gaussian_delta_mc
 from shuffle_opacus.analysis.rdp.conversion import delta_from_rdp
+from shuffle_opacus.analysis.rdp.shuffle_gaussian import shuffle_gaussian_rdp
 
 SAMPLES = 200_000
 

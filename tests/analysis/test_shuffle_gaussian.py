@@ -7,19 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shuffle_opacus.analysis import (
-    compute_epsilon,
-    epsilon_from_rdp,
-    gaussian_rdp,
-    no_shuffle_rdp,
-    shuffle_gaussian_rdp,
-)
+from shuffle_opacus.analysis import compute_epsilon, epsilon_from_rdp
+from shuffle_opacus.analysis.rdp.central import gaussian_rdp
 from shuffle_opacus.analysis.rdp.series import (
     log_gaussian_excess,
     shuffle_log_excess_binexp,
     shuffle_log_excess_miller,
     shuffle_log_excess_sequential,
 )
+from shuffle_opacus.analysis.rdp.shuffle_gaussian import no_shuffle_rdp, shuffle_gaussian_rdp
 from tests.oracles import (
     shuffle_renyi_quadrature,
     theorem1_rdp_mpmath,

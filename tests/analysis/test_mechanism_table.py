@@ -1,0 +1,79 @@
+"""One table says what a mechanism is: the command line, ``account`` and the protocols read it.
+
+These fail if a second table of mechanisms comes back (a catalogue beside the table), if a method
+is reached through a module path stored as a string again, or if the package's front door grows
+back the four flavours of every PLD mechanism.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import shuffle_opacus.analysis as analysis
+from shuffle_opacus import PROTOCOLS
+from shuffle_opacus.analysis import MECHANISM_TABLE, account, compute_epsilon, per_step_rdp
+from shuffle_opacus.analysis import methods as method_functions
+from shuffle_opacus.analysis.mechanisms import PARAMETERS
+from shuffle_opacus.cli import build_parser
+
+
+def test_the_command_line_offers_exactly_the_mechanisms_of_the_table() -> None:
+    parser = build_parser()
+    account_parser = parser._subparsers._group_actions[0].choices["account"]  # type: ignore[union-attr]
+    mechanism = next(a for a in account_parser._actions if a.dest == "mechanism")
+    assert tuple(mechanism.choices) == tuple(MECHANISM_TABLE)
+
+
+def test_every_protocol_names_a_mechanism_composed_round_by_round() -> None:
+    for protocol in PROTOCOLS.values():
+        assert MECHANISM_TABLE[protocol.mechanism].by_rounds
+        assert MECHANISM_TABLE[protocol.mechanism].sigma_unit is not None
+
+
+def test_records_are_complete_and_name_known_parameters() -> None:
+    for name, mech in MECHANISM_TABLE.items():
+        assert mech.name == name
+        assert mech.methods and mech.summary and mech.neighbouring
+        assert set(mech.parameters + mech.optional) <= set(PARAMETERS)
+        if mech.by_rounds:
+            # every method of a round-by-round mechanism is a Rényi curve or a PLD
+            assert all(m.kind in ("rdp", "pld") for m in mech.methods), name
+            if mech.fallback is not None:
+                assert mech.method(mech.fallback).kind == "rdp"
+        else:
+            assert all(m.kind == "whole" for m in mech.methods), name
+            assert not mech.references and mech.fallback is None
+
+
+def test_methods_are_functions_of_the_methods_module_not_strings() -> None:
+    for mech in MECHANISM_TABLE.values():
+        functions = [m.step_rdp for m in mech.methods] + [m.pld for m in mech.methods]
+        functions += [*mech.references.values(), mech.results]
+        for fn in functions:
+            if fn is None:
+                continue
+            assert inspect.isfunction(fn), (mech.name, fn)
+            assert fn.__module__ == method_functions.__name__, (mech.name, fn)
+
+
+def test_mechanisms_accounted_as_a_whole_are_refused_by_the_round_functions() -> None:
+    with pytest.raises(ValueError, match=r"clones is accounted as a whole: use account\(\)"):
+        compute_epsilon("clones", sigma=1.0, n=100, steps=1, delta=1e-5)
+    with pytest.raises(ValueError, match="krr is accounted as a whole"):
+        per_step_rdp("krr", sigma=1.0, n=100)
+    # ... and account() takes every mechanism of the table
+    out = account("clones", {"n": 1000, "eps0": 1.0}, steps=[1, 2], delta=1e-6)
+    assert [r.steps for r in out] == [1, 2]
+    assert account("gaussian", {"sigma": 2.0}, steps=[3], delta=1e-5)[0].mechanism == "gaussian"
+
+
+def test_the_front_door_has_one_entry_per_family() -> None:
+    names = set(analysis.__all__)
+    # one query per PLD mechanism family: no *_pld, *_delta or *_results flavours at the top
+    assert not {n for n in names if n.endswith(("_pld", "_delta", "_results"))}
+    for family in ("shuffle_gaussian", "ldp_shuffle", "krr", "clones"):
+        assert f"{family}_epsilon" in names
+    assert "CATALOGUE" not in names and not hasattr(analysis, "CATALOGUE")
+    assert len(names) <= 25
