@@ -1,26 +1,17 @@
 """Cost estimates and work limits of the accounting entry points.
 
-Several parameters make the work of an accounting grow without bound: the Rényi order cap
-(the series of Theorem 1 cost ``O(L^2)`` per order range, ``O(L^2 log n)`` below ``n < L``),
-the number of users of the enumerating methods (``ldp-shuffle``, ``krr``, ``clones``, the ``pld``
-lattice), the number of rounds composed by a privacy loss distribution or by the optimal
-composition theorem, and the number of distinct round counts. This module estimates the cost
-of a request from measured per-unit timings *before* the work starts, so that a front end can
-refuse it with a message naming the parameter and its largest acceptable value.
+Several parameters make the work of an accounting grow without bound (the Rényi order cap, the
+number of users of the enumerating methods, the rounds composed, the distinct round counts).
+This module estimates the cost of a request from the measured unit costs of :mod:`.costs`
+*before* the work starts, so that a front end can refuse it with a :class:`WorkLimitError`
+naming the parameter and its largest acceptable value (:func:`largest_within`).
+:func:`check_budget` refuses a whole request up front (``account`` and the command line, within
+:data:`CLI_MAX_SECONDS` or :data:`API_MAX_SECONDS`); :func:`work_budget` opens a budget that
+:func:`charge` draws on while the work runs, so that each stage of the automatic growth of the
+Rényi order range is charged before it is computed. Independently of any budget, Rényi orders
+are capped at :data:`MAX_ORDER` everywhere (:func:`~shuffle_opacus._validation.check_orders`).
 
-The estimates come from the cost model of :mod:`.costs` (measured unit costs, rounded up);
-``docs/maths.md`` ("Work limits") lists the measurements and the limits they give.
-
-Two layers use the estimates:
-
-* :func:`check_budget` refuses a whole request up front (``account`` and the command line);
-* :func:`work_budget` opens a budget that :func:`charge` draws on while the work runs. The
-  automatic growth of the Rényi order range (64, 128, ... 4096) charges each stage before
-  computing it, so a range that would outgrow the budget is refused before the expensive stage
-  starts, not after it.
-
-Independently of any budget, Rényi orders are capped at :data:`MAX_ORDER` everywhere
-(:func:`~shuffle_opacus._validation.check_orders`).
+The limits, the cost model and its measurements: docs/maths.md, "Work limits".
 """
 
 from __future__ import annotations

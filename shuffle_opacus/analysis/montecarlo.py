@@ -1,24 +1,16 @@
 """Monte Carlo estimate of the hockey-stick divergence of the shuffled Gaussian (a check).
 
 Koskela, Heikkilä & Honkela, *Numerical Accounting in the Shuffle Model of Differential
-Privacy* (arXiv:2106.00477), §5 and Appendix C.3: for the neighbouring pair of
-Theorem 1 of the shuffle-Gaussian paper (all ``n`` inputs equal, ``X = (0, ..., 0)``, against
-``X'`` with one input moved by the distance 1, noise ``N(0, sigma^2)`` per coordinate and the
-reports shuffled) the two outputs are
+Privacy* (arXiv:2106.00477), §5 and Appendix C.3: for Theorem 1's neighbouring pair of the
+shuffle-Gaussian paper (all ``n`` inputs equal, one moved by the distance 1, noise
+``N(0, sigma^2)`` per report, reports shuffled) the divergence does not reduce to one
+dimension. :func:`shuffled_gaussian_delta_mc` estimates ``delta(eps)`` in either direction by
+plain Monte Carlo and returns a :class:`MonteCarloEstimate` with its standard error. It is an
+estimate, not a bound: the tests use it to check that bounds stay above it, and it never
+accounts for a mechanism.
 
-    Q = M(X)  ~ N(0, sigma^2 I_n),
-    P = M(X') ~ (1/n) sum_i N(e_i, sigma^2 I_n),
-
-with likelihood ratio ``L(y) = P(y)/Q(y) = (1/n) sum_i exp((2 y_i - 1) / (2 sigma^2))``. The
-divergence cannot be reduced to one dimension, so it is estimated by plain Monte Carlo:
-
-    H_{e^eps}(P || Q) = E_P[(1 - e^eps / L(Y))_+],   H_{e^eps}(Q || P) = E_Q[(1 - e^eps L(Y))_+].
-
-Samples of ``P`` put the shifted coordinate first (``L`` is symmetric, so which one does not
-matter). The estimate comes with its standard error (sample standard deviation over
-``sqrt(samples)``). It is an estimate, not a bound: it is used to test that bounds stay above
-it, never to account for a mechanism. The pair is the one Theorem 1 is stated for; a one-dimensional
-projection of higher-dimensional reports is enough for it (the noise is isotropic).
+The two distributions, the estimators and the evidence: docs/maths.md, "Monte Carlo check of
+the shuffled Gaussian".
 """
 
 from __future__ import annotations

@@ -1,35 +1,18 @@
 """Approximate-DP baselines for many rounds of shuffled reports (Gaussian or eps0-LDP).
 
-What a conservative (epsilon, delta) analysis without RDP does, assembled from the pieces in
-:mod:`.clones` and :mod:`.composition`:
+What a conservative (epsilon, delta) analysis without RDP does, assembled from :mod:`.clones`
+and :mod:`.composition`: each round by the clones method of Feldman, McMillan & Talwar, *Hiding
+Among the Clones* (arXiv:2012.12803; Theorem 3.8 for Gaussian reports, Theorems 3.1/3.2 for
+``eps0``-LDP reports), for check-in amplified by the Poisson-subsampling formula, and ``T``
+rounds by the optimal composition theorem of Kairouz, Oh & Viswanath, the best per-round delta
+of a log grid kept (:func:`round_profile`, :class:`RoundProfile`, :func:`composed_epsilon`,
+:func:`composed_epsilons`, :func:`clones_results`). ``sigma`` is over the L2 *diameter* of the
+input domain (``2 C`` for gradients clipped to ``C``), with replace-one neighbours.
 
-1. one round: the clones method (Feldman, McMillan & Talwar 2021) at a per-round
-   ``delta_round``, for Gaussian reports through Theorem 3.8 (:func:`.clones.clones_gaussian`)
-   or for ``eps0``-LDP reports through Theorems 3.1/3.2;
-2. for shuffled check-in, amplification by the check-in rate ``gamma`` with the
-   Poisson-subsampling formula ``(log(1 + gamma (e^eps - 1)), gamma delta)``, where the
-   round's shuffle is analysed with ``m_low + 1`` users, ``m_low`` the ``tau``-quantile of the
-   number ``Bin(n - 1, gamma)`` of other participants (``tau = 1e-3 * delta_round``
-   is added to the round's delta; the clones bound falls with the number of users, which the
-   test-suite checks numerically but the clones paper does not state for the numerical
-   method);
-3. ``T`` rounds: the optimal composition theorem of Kairouz, Oh & Viswanath (2015), with the
-   total ``delta`` split between the rounds and the composition's own slack; the split is
-   chosen from a log-spaced grid of ``delta_round`` values, the best one kept.
-
-Assumptions, stated because this is a comparison curve and not what the package certifies:
-
-* replace-one neighbours; ``sigma`` is the noise standard deviation over the L2 *diameter* of
-  the input domain (``2 C`` for gradients clipped to ``C``), as a local randomizer requires;
-* step 2 applies the add/remove Poisson-subsampling formula to a replace-one analysis, which
-  is our reading of the "baseline" of the shuffled check-in paper (Liew, Hasegawa & Takahashi
-  2022) as the shuffle-Gaussian paper describes it (§5.2); a replace-one proof of that step
-  would need the round's add/remove guarantee as well, which the clones theorem does not
-  provide. The curve is therefore labelled a baseline
-  and is never used to account for training.
-
-Every ``delta_round`` is a grid point at which the one-round bound was actually computed, so
-the composed value is attained, not interpolated.
+This is a **comparison curve, not a certified bound**, never used to account for training: the
+check-in step applies an add/remove formula to a replace-one analysis (our reading of the
+baseline of Liew, Hasegawa & Takahashi 2022). Steps and assumptions: docs/maths.md, "The
+composed baseline".
 """
 
 from __future__ import annotations

@@ -1,29 +1,19 @@
 """Privacy amplification by shuffling for epsilon0-LDP randomizers: the clones reduction.
 
-Feldman, McMillan & Talwar, *Hiding Among the Clones* (FOCS 2021), Theorem 3.2: shuffling the
-reports of ``n`` users, each produced by an ``eps0``-DP local randomizer (adaptively chosen,
-replace-one neighbouring datasets), is ``(eps, delta)``-DP whenever the two distributions on
-``{0..n}^2``
+Feldman, McMillan & Talwar, *Hiding Among the Clones* (FOCS 2021, arXiv:2012.12803): shuffling
+the reports of ``n`` users, each from an ``eps0``-DP local randomizer (adaptively chosen,
+replace-one neighbours), is ``(eps, delta)``-DP whenever a pair ``(P, Q)`` of distributions on
+two counts is ``(eps, delta)``-indistinguishable (Theorem 3.2). :func:`clones_delta` evaluates
+that pair's hockey-stick divergence exactly over the bulk of the clone count (two binomial
+calls per count): a lower bound, and with the omitted mass an upper one (:class:`CloneBounds`);
+:func:`clones_epsilon` inverts it by bisection (0.13 s at ``n = 10^6``, ``eps0 = 4``).
+:func:`clones_closed_form` is the closed form of Theorem 3.1, ``None`` with a
+:class:`ClonesValidityWarning` outside its validity condition (:func:`closed_form_limit`);
+:func:`clones_gaussian` handles Gaussian reports through Theorem 3.8
+(:class:`GaussianClonesResult`).
 
-    P = (A + D, C - A + 1 - D),   Q = (A + 1 - D, C - A + D),
-    C ~ Bin(n - 1, e^{-eps0}),  A ~ Bin(C, 1/2),  D ~ Bernoulli(e^{eps0} / (e^{eps0} + 1)),
-
-are ``(eps, delta)``-indistinguishable. ``Q`` is ``P`` with its two coordinates swapped (``C - A``
-has the law of ``A``), so the hockey-stick divergence is the same in both directions and one
-direction is computed.
-
-Here the divergence ``delta(eps) = sum max(0, P - e^eps Q)`` is evaluated *exactly* over the
-bulk of ``C`` (every ``c`` with binomial mass above ``tail``). Given ``C = c`` the likelihood
-ratio is monotone in the first coordinate, so the positive part is a tail and costs two binomial
-calls (:func:`_delta_given_c`): ``O(#c)`` work in all, 0.13 s for ``n = 10^6`` and
-``eps0 = 4``. The sum over the bulk is a lower bound on ``delta(eps)``, and adding the binomial
-mass of the omitted ``c`` gives an upper bound. Epsilon for a target delta is found by bisection,
-since ``delta(eps)`` decreases in ``eps``. The paper's §6 algorithm computes looser upper and
-lower bounds; at ``n = 100,000``, ``eps0 = 4``, ``delta = 1e-6`` its published values are
-0.1728 and 0.1675, and the exact value found here lies between them.
-
-Also here: the closed form of Theorem 3.1 with its validity condition
-(:func:`clones_closed_form`) and Gaussian reports through Theorem 3.8 (:func:`clones_gaussian`).
+The pair, the exact evaluation, the validity condition and timings: docs/maths.md, "Numerical
+clones bound for ε0-LDP reports".
 """
 
 from __future__ import annotations

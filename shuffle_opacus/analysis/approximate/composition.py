@@ -1,41 +1,18 @@
 """Composition and subsampling theorems for approximate (epsilon, delta)-DP (baselines).
 
-Every composition function here bounds the *homogeneous k-fold adaptive composition*: ``k``
-mechanisms, each ``(eps, delta)``-DP, the ``j``-th possibly chosen after seeing the outputs of
-the first ``j - 1``, all with respect to the same neighbouring relation. The results hold for
-the whole class of such mechanisms, so they are worst-case baselines: a specific mechanism
-(e.g. Gaussian noise, tracked with RDP) may compose better than any of them.
+Each function bounds the homogeneous ``k``-fold adaptive composition of ``(eps, delta)``-DP
+mechanisms (same neighbouring relation for all), so the results are worst-case baselines for
+the whole class: :func:`compose_basic` (Dwork & Roth 2014, Theorem 3.16),
+:func:`compose_advanced` (Dwork, Rothblum & Vadhan 2010; Dwork & Roth, Theorem 3.20),
+:func:`compose_optimal_delta` and :func:`compose_optimal_epsilon`, the optimal composition of
+Kairouz, Oh & Viswanath, *The Composition Theorem for Differential Privacy* (ICML 2015,
+arXiv:1311.0776, Theorem 3.3), exact at every ``eps_total`` and computed in log space in
+``O(k)``, and :func:`compose_best_epsilon`, the smallest of the three. :func:`subsample_dp` is
+amplification by Poisson subsampling (Li, Qardaji & Su 2012; Balle, Barthe & Gaboardi 2018)
+for the add/remove relation. All accept ``delta = 0`` (pure DP).
 
-* Basic composition (Dwork, Kenthapadi, McSherry, Mironov & Naor 2006; Dwork & Roth 2014,
-  Theorem 3.16): ``(k eps, k delta)``.
-* Advanced composition (Dwork, Rothblum & Vadhan 2010; Dwork & Roth 2014, Theorem 3.20): for
-  every ``delta_slack > 0``,
-
-      eps_total = eps sqrt(2 k log(1 / delta_slack)) + k eps (e^eps - 1),
-      delta_total = k delta + delta_slack.
-
-* Optimal composition (Kairouz, Oh & Viswanath, ICML 2015, Theorem 3.3). Write
-  ``p = e^eps / (1 + e^eps)``. For every ``eps_total >= 0`` the composition is
-  ``(eps_total, delta_total)``-DP with
-
-      delta_total = 1 - (1 - delta)^k (1 - delta_rr(eps_total)),
-      delta_rr(t) = sum_{l=0..k} C(k, l) max(0, p^{k-l} (1-p)^l - e^t p^l (1-p)^{k-l}),
-
-  and no smaller ``delta_total`` holds for the whole class. ``delta_rr`` is the hockey-stick
-  divergence between ``k`` independent eps-randomized responses started from opposite bits
-  (``l`` counts the coordinates that disagree with the starting bit). Kairouz et al. state the
-  theorem at the grid points ``t = (k - 2i) eps``, where ``delta_rr`` is their ``delta_i``;
-  at any other ``t`` the formula is the hockey-stick divergence of the ``k``-fold product of
-  their four-outcome pair, which dominates every ``(eps, delta)``-DP mechanism (proof of
-  Theorem 3.3), so it is exact there too. The same expression, for heterogeneous parameters,
-  is Murtagh & Vadhan (TCC 2016). It is computed in log space in ``O(k)``.
-* Amplification by Poisson subsampling (Li, Qardaji & Su, ASIACCS 2012; Balle, Barthe &
-  Gaboardi, NeurIPS 2018): if ``M`` is ``(eps, delta)``-DP with respect to adding or removing
-  one record, running ``M`` on a subset that keeps each record independently with probability
-  ``rate`` is ``(log(1 + rate (e^eps - 1)), rate delta)``-DP with respect to the same
-  add/remove relation.
-
-All functions accept ``delta = 0`` (pure DP).
+Formulas, the hockey-stick form of the optimal bound and the references: docs/maths.md,
+"Composition and subsampling".
 """
 
 from __future__ import annotations
@@ -180,9 +157,10 @@ def compose_optimal_delta(*, eps: float, delta: float, k: int, eps_total: float)
 
     For the homogeneous k-fold adaptive composition of ``(eps, delta)``-DP mechanisms (same
     neighbouring relation for all), returns ``1 - (1 - delta)^k (1 - delta_rr(eps_total))``
-    with ``delta_rr`` the hockey-stick divergence of ``k`` eps-randomized responses (see the
-    module docstring). The bound is tight for the class of ``(eps, delta)``-DP mechanisms, so
-    no composition theorem for that class can give a smaller delta. It is non-increasing in
+    with ``delta_rr`` the hockey-stick divergence of ``k`` eps-randomized responses
+    (docs/maths.md, "Composition and subsampling"). The bound is tight for the class of
+    ``(eps, delta)``-DP mechanisms, so no composition theorem for that class can give a
+    smaller delta. It is non-increasing in
     ``eps_total`` and equals ``1 - (1 - delta)^k`` for ``eps_total >= k eps``.
 
     Args:

@@ -1,80 +1,18 @@
-"""Tight PLD accounting for shuffled k-randomised response.
+"""Tight PLD accounting for shuffled k-randomised response, against a strong or a weak adversary.
 
 Koskela, Heikkilä & Honkela, *Numerical Accounting in the Shuffle Model of Differential
-Privacy* (arXiv:2106.00477; "KHH" below), §4 and Appendix C. The local randomiser of Balle,
-Bell, Gascón & Nissim, *The Privacy Blanket of the Shuffle Model* (arXiv:1903.02837) returns
-the true value in ``[k]`` with probability ``1 - gamma`` and a uniformly random value in ``[k]``
-(possibly the true one) with probability ``gamma``; it is ``eps0``-LDP with
-``eps0 = log(((1 - gamma) k + gamma) / gamma)`` (:func:`krr_eps0`). The server sees the
-shuffled reports, i.e. the histogram of the ``n`` values. Neighbouring datasets differ in user
-``n``: ``x_n = 1`` and ``x'_n = 2`` (w.l.o.g.). ``P`` is the law of the adversary's view under
-``X``, ``Q`` under ``X'``.
+Privacy* (arXiv:2106.00477; "KHH"), §4 and Appendix C. Each of ``n`` users applies the k-ary
+randomised response of Balle, Bell, Gascón & Nissim, *The Privacy Blanket of the Shuffle Model*
+(arXiv:1903.02837): its true value in ``[k]`` with probability ``1 - gamma``, a uniform one
+otherwise (``eps0``-LDP, :func:`krr_eps0`); the server sees the shuffled reports. The PLD of
+the view of adversary ``A_s`` (``"strong"``, KHH Def. 12) or ``A_w`` (``"weak"``, Def. 14 and
+Theorem 15) is exact over the bulk of its latent counts; the mass left out is added to every
+delta and losses are rounded up, so deltas are upper bounds (:func:`krr_pld`,
+:func:`krr_delta`, :func:`krr_epsilon`, :func:`krr_results`). :func:`krr_tail_delta` is the
+looser tail probability the paper plots (Theorems 13 and 16).
 
-Strong adversary ``A_s`` (KHH Def. 12; Balle et al., Thm. 3.1): it knows
-``x_1..x_{n-1}`` and ``beta in {0,1}^n`` (who answered randomly, user ``n`` included). If
-``beta_n = 1`` (probability ``gamma``) user ``n``'s report is uniform whatever ``x_n``: loss 0.
-If ``beta_n = 0``, removing the known truthful reports leaves counts ``n1 = M1 + 1``,
-``n2 = M2`` under ``X`` (``n1 = M1``, ``n2 = M2 + 1`` under ``X'``), where
-
-    (M1, M2, rest) ~ Multinomial(n - 1; gamma/k, gamma/k, 1 - 2 gamma/k)
-
-are the random reports of the first ``n - 1`` users equal to 1 and 2 (jointly multinomial), and
-``P(V)/Q(V) = n1/n2``. So the remove-direction PLD puts mass ``gamma`` at 0 and, with weight
-``1 - gamma``, the law of ``log((M1 + 1)/M2)`` (``+inf`` at ``M2 = 0``); the add direction is
-``log((M2 + 1)/M1)`` under the same latent law.
-
-Weak adversary ``A_w`` (KHH Def. 14, Theorem 15 and eqs. C.2–C.3): ``beta`` is known only
-for the first ``n - 1`` users. The statistic ``(B, n1, n2)`` is sufficient: ``B ~ Bin(n-1, gamma)``
-random responders among the first ``n - 1``; given ``B = b``, ``(M1, M2) ~ Multinomial(b; 1/k,
-1/k, 1 - 2/k)``; user ``n``'s report ``Y`` is 1 w.p. ``1 - gamma + gamma/k``, 2 w.p. ``gamma/k`` and
-another value w.p. ``(k - 2) gamma/k`` under ``X`` (1 and 2 swap under ``X'``); ``n1 = M1 +
-[Y = 1]``, ``n2 = M2 + [Y = 2]``. The masses ``P(b, n1, n2)`` and ``Q(b, n1, n2)`` are computed
-from this model in log space (three mixture components) and the loss is ``log P - log Q``; the
-paper's closed form of the ratio,
-
-    P/Q = (n1 (1 - gamma) + gamma (b + 1)/k) / (n2 (1 - gamma) + gamma (b + 1)/k),
-
-is a check in the tests, not an input. For ``k = 2`` the third category has probability 0.
-
-Both PLDs are exact for their adversary (the loss is a function of the statistic, so its law
-under ``P`` is the PLD of the full views). Compositions of ``steps`` rounds are the
-``steps``-fold convolution (KHH Theorems 13 and 16, via Zhu, Dong &
-Wang, arXiv:2106.08567), computed by
-``dp_accounting`` (FFT, pessimistic). ``delta(eps)`` is the hockey-stick divergence
-``H_{e^eps}`` of the composition, the larger of the two directions.
-
-Truncation: only the bulk of the latent variables is enumerated. Each binomial coordinate is
-restricted to its exact quantile range (``scipy.stats.binom.ppf`` / ``isf``) and the mass left out
-is evaluated exactly with ``binom.cdf`` / ``binom.sf``; the union bound over the coordinates gives
-a bound on the mass of the latent points not enumerated (budget ``tail``: ``A_s``: ``tail/2`` for
-each of ``M1`` and ``M2`` marginally ``Bin(n-1, gamma/k)``, times ``1 - gamma``; ``A_w``:
-``tail/2`` for ``B``, and given ``B = b``, ``tail/4`` for each of ``M1`` and ``M2``, marginally
-``Bin(b, 1/k)``). The outcome grid is widened by one in ``n1`` and ``n2`` so that every outcome
-of an enumerated latent point (any ``Y``, either dataset) is enumerated; hence the outcomes not
-enumerated have mass at most that bound under ``P`` and under ``Q`` (the latent law is the same
-under both). The bound (times ``1 + 1e-9`` for floating-point error in ``cdf``/``sf``) is passed to
-``dp_accounting`` as ``infinity_mass``, which adds it to every delta. Outcome counts, for fixed
-``k``, ``gamma`` and ``tail``: ``O(n)`` for ``A_s`` (a square of side ``O(sqrt(n gamma/k
-log(1/tail)))``) and ``O(n^{3/2})`` for ``A_w`` (such a square for each of ``O(sqrt(n))`` values
-of ``b``). At ``n = 1000``, ``k = 4``, ``gamma = 0.25``: about 1.2e4 outcomes and a few
-milliseconds for ``A_s``, 2e6 outcomes and about 0.4 s for ``A_w`` (``n = 10^4``: about 7 s). The
-``A_w`` grid is processed in chunks of whole ``b`` values and each chunk is pre-binned on the loss
-grid, so memory stays bounded.
-
-Small cases: for ``n = 1`` the weak adversary sees one k-RR report, so ``delta(eps) = max(0,
-1 - gamma + gamma/k - e^eps gamma/k)``; the strong adversary learns ``beta_1``, and ``beta_1 = 0``
-(probability ``1 - gamma``) reveals ``x_1``: ``delta(eps) = 1 - gamma`` for every ``eps``. For
-``gamma = 1`` both PLDs are a point mass at 0.
-
-Discretisation: losses are rounded up to multiples of ``discretization`` by
-:func:`~shuffle_opacus.analysis.pld.common.pmf_from_losses` (pessimistic), so every delta
-returned is an upper bound on the exact one up to floating-point error; rounded down with the
-truncated mass dropped (``pessimistic=False``), they give the lower end that result records
-carry as ``epsilon_lower``.
-
-:func:`krr_tail_delta` gives the quantity the paper plots (Theorems 13/16): ``P(Z >= eps)`` for
-one round. It is an upper bound on the hockey-stick delta, since
-``H_{e^eps} = E[(1 - e^{eps - L})_+] <= P(L >= eps)``; the PLD route is tighter.
+Derivation, truncation bounds, cost and small cases: docs/maths.md, "Shuffled k-randomised
+response".
 """
 
 from __future__ import annotations

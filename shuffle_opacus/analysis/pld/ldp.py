@@ -1,33 +1,21 @@
 """Privacy loss distributions (PLDs) for shuffled eps0-LDP reports, via ``dp_accounting``.
 
 Koskela, Heikkilä & Honkela, *Numerical Accounting in the Shuffle Model of Differential
-Privacy* (arXiv:2106.00477; "KHH" below), §3 and Appendices A–B, account for shufflers with a
-dominating pair of Feldman, McMillan & Talwar. Two pairs are offered (:mod:`.ldp_pairs`):
+Privacy* (arXiv:2106.00477; "KHH"), §3 and Appendices A–B: replace-one neighbours, every user
+runs an ``eps0``-DP local randomiser (possibly chosen adaptively) and the server sees only the
+shuffled reports, so a dominating pair of Feldman, McMillan & Talwar (:mod:`.ldp_pairs`)
+bounds the shuffler. ``pair="clones"`` (default) is *Hiding Among the Clones*
+(arXiv:2012.12803), Theorem 3.2, proven for every randomiser; ``pair="stronger"`` is *Stronger
+Privacy Amplification by Shuffling* (arXiv:2208.04591), Theorem 3.1, which its errata restrict
+to randomisers such as binary and k-ary randomised response
+(:func:`~.ldp_pairs.stronger_pair_applies`). :func:`ldp_shuffle_pld`, :func:`ldp_shuffle_delta`,
+:func:`ldp_shuffle_epsilon` and :func:`ldp_shuffle_results` compose rounds (also of different
+``n`` or ``eps0``), :func:`ldp_shuffle_rdp` gives the pair's RDP, and
+:func:`subsampled_ldp_shuffle_pld` / :func:`subsampled_profile` take ``m`` of ``n`` users (KHH
+Lemma 7). The mass left out by KHH Lemma 11 is added to every delta and losses are rounded up,
+so deltas are upper bounds for the pair; results also carry the optimistic end.
 
-* ``pair="clones"`` (default): *Hiding Among the Clones* (arXiv:2012.12803), Theorem 3.2,
-  ``C ~ Bin(n - 1, e^{-eps0})``; proven for every (adaptive) eps0-LDP randomiser.
-* ``pair="stronger"``: *Stronger Privacy Amplification by Shuffling for Rényi and Approximate
-  Differential Privacy* (arXiv:2208.04591), Theorem 3.1 (KHH eq. 3.1), ``C ~ Bin(n - 1,
-  2/(e^{eps0} + 1))``. The paper's errata (later arXiv versions) found a gap in the proof of its
-  Lemma 3.5 and restrict the theorem to randomisers with ``R(x) >= (R(x0) + R(x1)) /
-  (e^{eps0} + 1)`` for all inputs (:func:`~.ldp_pairs.stronger_pair_applies`), e.g. binary and
-  k-ary randomised response. Use it only for such randomisers; KHH's figures used it for all.
-
-Assumptions, stated once for the module:
-
-* Neighbouring datasets differ in one user's input (replace-one). Every user runs an
-  ``eps0``-DP local randomiser, possibly chosen adaptively, and the server sees only the
-  shuffled reports. The pair ``(P, Q)`` then dominates the shuffler (KHH Lemma 8 / Corollary 9):
-  ``H_a(A_s(X) || A_s(X')) <= H_a(P || Q)`` for all ``a >= 0``.
-* ``Q`` is ``P`` with its coordinates swapped, so ``H_a(P || Q) = H_a(Q || P)``. Both directions
-  are still built and composed; their agreement is a test.
-* Compositions multiply dominating pairs (Zhu, Dong & Wang, arXiv:2106.08567; KHH Theorem 4),
-  so PLDs of rounds with different ``n`` or ``eps0`` compose by convolution.
-
-Truncation (KHH Lemma 11) bounds the neglected mass by ``tail`` under ``P`` and ``Q``; the
-pessimistic PLD (the default) rounds losses up and puts that mass at ``+inf``, so every delta
-returned is an upper bound for the pair; the optimistic one (``pessimistic=False``) rounds down
-and drops it, a lower bound. Result records carry both ends. Derivations: docs/maths.md.
+Derivations: docs/maths.md, "PLD accounting for shuffled ε0-LDP reports and k-RR".
 """
 
 from __future__ import annotations

@@ -1,30 +1,21 @@
 """The two dominating pairs of shuffled eps0-LDP reports, enumerated and binned.
 
-Feldman, McMillan & Talwar reduce the shuffle of ``n`` eps0-LDP reports to a pair of
-distributions over two counts. Both of their pairs have the same form: with
-``q = e^{eps0} / (e^{eps0} + 1)``,
+Feldman, McMillan & Talwar reduce the shuffle of ``n`` eps0-LDP reports to a pair ``(P, Q)`` of
+distributions over two counts (``C ~ Bin(n - 1, r)`` clones split at random between them, plus
+the differing report). Their two pairs (:data:`LDP_PAIRS`) differ only in the clone probability
+``r`` (:func:`clone_probability`). ``"clones"`` (default, ``r = e^{-eps0}``): *Hiding Among the
+Clones* (arXiv:2012.12803), Theorem 3.2, proven for every sequence of adaptively chosen
+eps0-LDP randomisers. ``"stronger"`` (``r = 2 / (e^{eps0} + 1)``, so a smaller epsilon):
+*Stronger Privacy Amplification by Shuffling for Rényi and Approximate Differential Privacy*
+(arXiv:2208.04591), Theorem 3.1, which the errata of its later arXiv versions restrict to
+randomisers with ``R(x) >= (R(x0) + R(x1)) / (e^{eps0} + 1)`` for all inputs
+(:data:`STRONGER_PAIR_CONDITION`, :func:`stronger_pair_applies`): binary and k-ary randomised
+response qualify, not every eps0-LDP randomiser does. :func:`feldman_pair`, :func:`pair_chunks`
+and :func:`pair_pmfs` enumerate the Hoeffding sets of Koskela, Heikkilä & Honkela
+(arXiv:2106.00477, Lemma 11) and bin the losses up (pessimistic, the mass left out at ``+inf``)
+or down (optimistic, that mass dropped).
 
-    P = (A + D, C - A + 1 - D),  Q = (A + 1 - D, C - A + D),
-    C ~ Bin(n - 1, r),  A ~ Bin(C, 1/2),  D ~ Bern(q),
-
-and differ only in the clone probability ``r`` (:func:`clone_probability`):
-
-* ``"clones"`` (default): ``r = e^{-eps0}``, *Hiding Among the Clones* (arXiv:2012.12803),
-  Theorem 3.2. Proven for every sequence of adaptively chosen eps0-LDP randomisers.
-* ``"stronger"``: ``r = 2 / (e^{eps0} + 1)``, *Stronger Privacy Amplification by Shuffling for
-  Rényi and Approximate Differential Privacy* (arXiv:2208.04591), Theorem 3.1. The errata of
-  the paper's later arXiv versions restrict it to randomisers ``R`` whose every pair of inputs
-  ``x0, x1`` admits the decomposition of its Lemma 3.5 with ``p = 1/(e^{eps0} + 1)``, that is
-  ``R(x) >= (R(x0) + R(x1)) / (e^{eps0} + 1)`` for every input ``x``
-  (:func:`stronger_pair_applies`). Binary and k-ary randomised response qualify; not every
-  eps0-LDP randomiser does.
-
-Since ``2 / (e^{eps0} + 1) > e^{-eps0}``, the stronger pair has more clones and a smaller
-epsilon. The privacy loss of an outcome ``(a, b)`` is ``log((e^{eps0} a + b) / (a + e^{eps0} b))``
-for both pairs (Koskela, Heikkilä & Honkela, arXiv:2106.00477, Lemma A.1). Enumeration keeps
-the Hoeffding sets of their Lemma 11 and bounds the mass left out; binning rounds each loss up
-(pessimistic, the left-out mass at ``+inf``) or down (optimistic, the left-out mass dropped).
-Derivations: docs/maths.md, "PLD accounting for shuffled ε0-LDP reports".
+Derivations: docs/maths.md, "PLD accounting for shuffled ε0-LDP reports and k-RR".
 """
 
 from __future__ import annotations

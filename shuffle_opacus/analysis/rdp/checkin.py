@@ -1,63 +1,19 @@
-"""Rényi DP of the shuffled check-in Gaussian mechanism (Liew & Takahashi, Sec. 4.2).
+"""Rényi DP of the shuffled check-in Gaussian mechanism.
 
-Each of ``n`` users checks in independently with probability ``rate`` (``gamma``); the users who
-check in add Gaussian noise to their value and the reports are shuffled. The number of reports
-``K ~ Binomial(n, gamma)`` is public and has the same law under both neighbouring datasets, so
-for any order ``l`` the Rényi moment of the whole mechanism is the ``K``-average of the
-conditional moments:
+Liew & Takahashi, *Shuffle Gaussian Mechanism for Differential Privacy* (arXiv:2206.09569),
+§4.2: each of ``n`` users checks in independently with probability ``rate`` (``gamma``), the
+users who check in add Gaussian noise to their value, and the reports are shuffled. The number
+of reports ``K ~ Bin(n, gamma)`` is public, so the Rényi moment is the ``K``-average of
+Theorem 1's conditional moments. :func:`checkin_rdp` bounds it by one of
+:data:`CHECKIN_METHODS`:
 
-    E[(P/Q)^l] = sum_k Pr[K = k] M_k(l).
+* ``exact``: the whole binomial average in closed form (Theorem 1's series with its excess
+  moments scaled by ``gamma``, :func:`checkin_log_excess_exact`); no conjecture, no truncation;
+* ``sum``: the paper's Eq. 17 summed, with the conditional rate ``k/n`` in place of ``gamma``
+  and rigorous bounds on both tails of the binomial;
+* ``theorem3``: the paper's Theorem 3 as written; it relies on the paper's Conjecture 1.
 
-Given ``K = k`` the participants are a uniformly random ``k``-subset, so the differing user is
-among them with probability ``q_k = k / n`` and the conditional likelihood ratio is
-``(1 - q_k) + q_k L_k`` with ``L_k`` the shuffle likelihood ratio of Theorem 1 for ``k`` users.
-
-Three ways to bound the average, selected by ``method``:
-
-``exact``
-    The average evaluated exactly, with no subsampling inequality and no conjecture. Given
-    ``K = k`` the ratio is ``1 + (1/n) sum_{i<=k} (Y_i - 1)`` with ``Y_i = e^{(2x_i-1)/2sigma^2}``.
-    Averaging over ``K ~ Bin(n, gamma)`` is the same as giving every one of the ``n`` users an
-    independent Bernoulli(``gamma``) indicator ``B_i``: the mixed ratio is the mean of ``n``
-    independent factors ``W_i = 1 + B_i (Y_i - 1)`` with ``E[W^a] - 1 = gamma (mu_a - 1)``. So
-
-        E[(P/Q)^l] = l! [x^l] w(x/n)^n,   w(x) = e^x + gamma sum_a (mu_a - 1) x^a / a!,
-
-    which is Theorem 1's series with ``mu_a - 1`` scaled by ``gamma`` (``gamma = 1`` gives
-    Theorem 1). The whole binomial average costs one ``O(l^2)`` recurrence; nothing is
-    truncated.
-``sum``
-    The conditional moment bounded by the Wang-Balle-Kasiviswanathan subsampling bound
-    (Theorem 2) with rate ``q_k``, then averaged over ``k``: the paper's Eq. 17 evaluated as a
-    sum. Eq. 17 as printed uses ``gamma`` in place of ``k/n`` for every ``k``; the conditional
-    inclusion probability is ``k/n`` and the bound grows with the rate, so we use ``k/n``
-    (larger for ``k > n gamma``). We include the ``k = 0`` term (moment 1), which Eq. 17 drops.
-``theorem3``
-    The paper's Theorem 3 as written, with the Chernoff split parameter ``Delta``:
-    ``log(e^{(l-1) eps_{g,1}(l) - Delta^2 n g / 2} + e^{(l-1) eps_{g,m}(l)}) / (l-1)``,
-    ``m = floor((1 - Delta) n g) + 1`` and ``eps_{g,k}`` from Theorem 2 with rate ``gamma``. It
-    relies on the paper's Conjecture 1 (see below) and keeps the ``gamma`` of Eq. 17.
-
-``sum`` evaluates the bulk of the binomial exactly and bounds both tails rigorously, using two
-monotonicity facts:
-
-* **Monotonicity in k.** For the paper's neighbouring pair the other users hold a known value,
-  so the output for ``k + 1`` users is a post-processing of the output for ``k`` users (add
-  one fresh noisy report of the known value and reshuffle). Hence ``A_{k+1}(j) <= A_k(j)`` for
-  every order: the non-strict form of the paper's Conjecture 1 holds for that pair.
-* **Monotonicity in q.** ``q -> E[(1 + q(L - 1))^l]`` is convex with zero slope at ``q = 0``,
-  hence non-decreasing on ``[0, 1]``; Wang et al.'s bound is non-decreasing in the rate and in
-  each ``eps(j)``.
-
-So for ``a <= k < b`` the conditional moment is at most the bound evaluated with ``L_a`` and
-``q_b``. The lower tail is covered by geometric chunks ``[a, b)`` (the last chunk ``[1, b)``
-uses ``L_1``, the plain Gaussian; ``k = 0`` contributes exactly 1), the upper tail ``k > hi`` by
-``Pr[K > hi] * A_hi(l)``; both tails bound the true conditional moment, which is below Wang's.
-Tail masses use scipy's binomial CDF, or the Chernoff bound where the CDF underflows. The
-bulk is widened until the tail bounds are below ``tail_tolerance`` of the total excess moment at
-every order (or the bulk covers all ``k``). When the bulk would cost more than a fixed budget
-of series operations (high orders), neighbouring ``k`` are grouped into chunks bounded the
-same way; the result remains an upper bound.
+Derivations: docs/maths.md, "Shuffled check-in".
 """
 
 from __future__ import annotations

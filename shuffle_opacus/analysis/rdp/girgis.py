@@ -1,40 +1,17 @@
 """RDP of the shuffle model for eps0-LDP randomizers (Girgis et al., CCS 2021, Theorem 3.1).
 
 Girgis, Data, Diggavi, Suresh & Kairouz, *On the Rényi Differential Privacy of the Shuffle
-Model* (CCS 2021). Each of ``n`` users applies the same ``eps0``-LDP local randomizer with a
-*discrete* output set to their input, and only the shuffled (uniformly permuted) reports are
-released. Neighbouring datasets differ by replacing one user's input (replace-one); the bound
-holds for ``D_l(M(D) || M(D'))`` for every such ordered pair, hence in both directions.
-Theorem 3.1 (Upper Bound 1), for every integer order ``l >= 2``:
+Model* (CCS 2021, arXiv:2105.05180): ``n`` users apply the same ``eps0``-LDP randomizer with a
+*discrete* output set and only the shuffled reports are released; replace-one neighbours, the
+bound holding in both directions. :func:`girgis_rdp` is Theorem 3.1 (Upper Bound 1) at integer
+orders ``l >= 2`` only (real orders are refused), with :func:`girgis_nbar` its ``nbar``; every
+value is capped at ``eps0``. :func:`girgis_subsampled_rdp` is the subsampled shuffle (``m =
+rate * n`` users drawn without replacement): Wang, Balle & Kasiviswanathan's Theorem 9 applied
+to Theorem 3.1, capped at ``log(1 + rate (e^{eps0} - 1))``. It is *not* the direct
+subsampled-shuffle bound of Girgis, Data & Diggavi (NeurIPS 2021), which is not implemented.
+:func:`girgis_epsilon` converts to ``(eps, delta)``.
 
-    eps(l) <= log(1 + C(l,2) (e^{eps0} - 1)^2 / (nbar e^{eps0})
-                    + sum_{i=3..l} C(l,i) i Gamma(i/2) x^{i/2}
-                    + e^{eps0 l - (n - 1) / (8 e^{eps0})}) / (l - 1),
-    x = (e^{2 eps0} - 1)^2 / (2 e^{2 eps0} nbar),   nbar = floor((n - 1) / (2 e^{eps0})) + 1.
-
-The theorem is stated for integer orders only. The paper extends it to real orders through the
-convexity of ``(l - 1) D_l`` in ``l`` (its Eq. (7)); that interpolation is not offered here, so
-non-integer orders are rejected. The shuffled output is post-processing of ``n`` reports that
-are each ``eps0``-DP in their owner's input, so the mechanism is ``eps0``-DP and
-``D_l <= D_inf <= eps0``; every value returned is ``min(bound, eps0)``.
-
-Subsampled shuffle (:func:`girgis_subsampled_rdp`): each round ``m = rate * n`` users drawn
-uniformly without replacement run the shuffle above. Its RDP is bounded by the general theorem
-for subsampling without replacement of Wang, Balle & Kasiviswanathan (AISTATS 2019, Theorem 9;
-replace-one adjacency) applied to Theorem 3.1 with ``m`` users, with ``eps(inf) = eps0``
-(the ``m``-user shuffle is ``eps0``-DP, as above):
-
-    eps'(l) <= log(1 + g^2 C(l,2) min{4 (e^{eps(2)} - 1), e^{eps(2)} min{2, (e^{eps0} - 1)^2}}
-                     + sum_{j=3..l} g^j C(l,j) e^{(j-1) eps(j)} min{2, (e^{eps0} - 1)^j}) / (l - 1),
-
-with ``g = m / n`` and ``eps(j)`` the capped Theorem 3.1 bound for ``m`` users. This is the
-route Liew & Takahashi take for their Theorem 2 (``subsampling.py``), with the Theorem 3.1 bound
-in place of the shuffle Gaussian RDP. It is *not* the direct subsampled-shuffle bound of Girgis,
-Data & Diggavi (NeurIPS 2021), which is a separate analysis. Each value is also capped at
-``log(1 + g (e^{eps0} - 1))``: a mechanism that is ``eps0``-DP on datasets of size ``m``, run
-on ``m`` of ``n`` records drawn uniformly without replacement, is ``log(1 + g (e^{eps0} - 1))``-DP
-for replace-one neighbours (Kasiviswanathan et al. 2008; Balle, Barthe & Gaboardi 2018; quoted in
-Feldman, McMillan & Talwar 2021, §2), which bounds ``D_inf`` and so every ``D_l``.
+Formulas, caps and why they hold: docs/maths.md, "Girgis et al. RDP".
 """
 
 from __future__ import annotations
@@ -111,8 +88,8 @@ def girgis_rdp(*, n: int, eps0: float, orders: np.ndarray | list[int]) -> np.nda
     """RDP of ``n`` shuffled ``eps0``-LDP reports, Theorem 3.1 of Girgis et al. (CCS 2021).
 
     Replace-one neighbours; the bound holds in both directions of the divergence. Valid for
-    discrete local randomizers and integer orders ``l >= 2`` (see the module docstring for the
-    formula); each value is capped at ``eps0`` (post-processing of ``eps0``-DP reports).
+    discrete local randomizers and integer orders ``l >= 2`` (formula: docs/maths.md, "Girgis
+    et al. RDP"); each value is capped at ``eps0`` (post-processing of ``eps0``-DP reports).
 
     Args:
         n: Number of shuffled users (integer >= 1).
@@ -158,7 +135,7 @@ def girgis_subsampled_rdp(
 
     Each round ``m = rate * n`` of the ``n`` users are drawn uniformly without replacement
     (a fixed-size sample) and their ``eps0``-LDP reports are shuffled. Replace-one neighbours;
-    the bound holds in both directions. Formula and caps in the module docstring.
+    the bound holds in both directions. Formula and caps: docs/maths.md, "Girgis et al. RDP".
 
     Args:
         n: Population size (integer >= 1).

@@ -1,26 +1,18 @@
 """Log-space power series for the moments of the shuffle Gaussian mechanism.
 
-Everything in this module works with *exponential generating functions* (EGFs): a sequence
-``G_0, G_1, ...`` stands for the series ``sum_m G_m x^m / m!``. Products of EGFs are binomial
-convolutions, ``(F*H)_m = sum_j C(m, j) F_j H_{m-j}``, and every quantity we need is a sum of
-non-negative terms, so it can be evaluated in log space with ``logsumexp`` and no cancellation.
+Liew & Takahashi, *Shuffle Gaussian Mechanism for Differential Privacy* (arXiv:2206.09569),
+Theorem 1: the Rényi moment ``A_n(m) = E[L_n^m]`` of ``n`` shuffled Gaussian reports is
+``m! [x^m] h(x / n)^n`` with ``h(x) = sum_a mu_a x^a / a!`` and ``mu_a = exp(a(a-1) / (2
+sigma^2))``. Everything here works with exponential generating functions, whose products are
+binomial convolutions of non-negative terms (:func:`egf_log_conv`), in log space. Since
+``A_n(m)`` is very close to 1 for large ``n``, every routine returns the log of the *excess*
+``A_n(m) - 1`` (``-inf`` where it is zero), from recurrences with the ``sigma -> infinity``
+baseline subtracted: :func:`shuffle_log_excess` chooses between the Miller recurrence
+(:func:`shuffle_log_excess_miller`), binary exponentiation
+(:func:`shuffle_log_excess_binexp`) and the sequential sums
+(:func:`shuffle_log_excess_sequential`); :func:`log_gaussian_excess` gives ``mu_a - 1``.
 
-The central object is the moment sequence of the shuffle Gaussian likelihood ratio. Let
-``Y = exp((2X - 1) / (2 sigma^2))`` with ``X ~ N(0, sigma^2)``; its moments are
-``mu_a = E[Y^a] = exp(a(a-1) / (2 sigma^2))``. For ``n`` users the likelihood ratio of Theorem 1
-of Liew & Takahashi (the paper's Eq. 11) is the mean ``L_n = (Y_1 + ... + Y_n) / n`` of ``n``
-independent copies, and its moments are
-
-    A_n(m) = E[L_n^m] = m! [x^m] h(x / n)^n,   h(x) = sum_a mu_a x^a / a!,
-
-which is the multinomial sum of Theorem 1 (the ``e^{-lambda/2sigma^2}`` factor is absorbed into
-``mu_a``). Because ``A_n(m)`` is very close to 1 for large ``n``, we never compute it directly:
-all routines return the log of the *excess* ``E_n(m) = A_n(m) - 1 >= 0`` (``-inf`` where it is
-zero), which keeps full relative precision even when the Rényi divergence is 1e-12.
-
-The excess is obtained by subtracting the ``sigma -> infinity`` baseline ``h0(x) = e^x`` from
-each recurrence; the baseline satisfies the same recurrence with moments equal to 1, so the
-difference is again a sum of non-negative terms (derivations in ``docs/maths.md``).
+Derivations: docs/maths.md, "Theorem 1 as a power of a power series".
 """
 
 from __future__ import annotations
