@@ -3,21 +3,18 @@
 ``import shuffle_opacus`` registers the Opacus accountants ``shuffle``, ``subsampled_shuffle``
 and ``shuffled_checkin`` (at once if Opacus is already imported, otherwise as soon as it is), so
 that ``PrivacyEngine(accountant="shuffled_checkin")`` works. The package itself does not import
-torch: the maths in :mod:`shuffle_opacus.analysis` and the ``shuffle-opacus account`` command
-stay light. The torch-side helpers below are imported on first use.
+torch, so the maths of :mod:`shuffle_opacus.analysis` and the ``shuffle-opacus account`` command
+stay light; the names below are imported on first use:
 
-* :func:`make_private`, :func:`make_private_with_epsilon` and their :class:`PrivacyOptions`
-  (:mod:`shuffle_opacus.privacy`)
-* :class:`ShuffledCheckInSampler`, :class:`FixedSizeShuffledSampler`
-  (:mod:`shuffle_opacus.sampling`)
-* :class:`LocalNoiseDPOptimizer` (:mod:`shuffle_opacus.noise`)
-* user level, clients with many examples training locally: :func:`make_private_clients`,
-  :class:`ClientPartition`, :func:`iid_partition`, :func:`dirichlet_partition`,
-  :func:`shard_partition` (:mod:`shuffle_opacus.clients`)
-* the accountant classes (:mod:`shuffle_opacus.accountants`)
-* :func:`history_epsilon` (:mod:`shuffle_opacus.history`), :func:`calibrate`,
-  :func:`calibrate_noise_multiplier` (:mod:`shuffle_opacus.calibration`), the protocol table
-  :data:`PROTOCOLS` (:mod:`shuffle_opacus.protocols`); none of them imports torch
+* :func:`make_private`, :func:`make_private_with_epsilon`, :class:`PrivacyOptions`
+  (:mod:`.privacy`), the samplers :class:`ShuffledCheckInSampler` and
+  :class:`FixedSizeShuffledSampler` (:mod:`.sampling`), :class:`LocalNoiseDPOptimizer`
+  (:mod:`.noise`) and the accountant classes (:mod:`.accountants`);
+* user level: :func:`make_private_clients`, :class:`ClientPartition`, :func:`iid_partition`,
+  :func:`dirichlet_partition`, :func:`shard_partition` (:mod:`.clients`);
+* without torch: :func:`history_epsilon` (:mod:`.history`), :func:`calibrate`,
+  :func:`calibrate_noise_multiplier` (:mod:`.calibration`) and the protocol table
+  :data:`PROTOCOLS` (:mod:`.protocols`).
 """
 
 from __future__ import annotations

@@ -1,45 +1,21 @@
 """Opacus accountants ``shuffle``, ``subsampled_shuffle`` and ``shuffled_checkin``.
 
-Each is an :class:`opacus.accountants.IAccountant` registered under its name, so
-``PrivacyEngine(accountant="shuffled_checkin")`` works after ``import shuffle_opacus``.
+:class:`ShuffleAccountant`, :class:`SubsampledShuffleAccountant` and
+:class:`ShuffledCheckInAccountant` are :class:`opacus.accountants.IAccountant` subclasses
+registered under those names, so ``PrivacyEngine(accountant="shuffled_checkin")`` works after
+``import shuffle_opacus``. The history is Opacus's ``(noise_multiplier, sample_rate, steps)``,
+with the **local** noise multiplier; what it cannot carry (the population ``n``, the
+sensitivity, the method, ``m``) is set by :func:`shuffle_opacus.make_private` or
+:meth:`~ShuffleAccountantBase.configure`, and without a population :meth:`get_epsilon` raises
+rather than fall back to a central-DP number. The default method is ``pld`` where the work
+limits allow it, else the protocol's Rényi bound (:meth:`epsilon_result` says which). Attaching
+one with :meth:`opacus.PrivacyEngine.make_private` (central noise) is refused.
 
-What the accountant needs and where it comes from:
-
-* ``history``: ``(noise_multiplier, sample_rate, steps)`` entries, exactly as in Opacus. The
-  noise multiplier is the **local** one: the standard deviation of the Gaussian noise each
-  participating client adds to its clipped update, divided by the clipping norm. The sample
-  rate is the per-round inclusion probability of one client (1 for ``shuffle``, ``m / n`` for
-  ``subsampled_shuffle``, ``gamma`` for ``shuffled_checkin``).
-* ``population`` (``n``): the number of clients. :func:`shuffle_opacus.make_private` sets it from
-  the dataset (one example = one client); otherwise call :meth:`configure`. Without it
-  :meth:`get_epsilon` raises; it never falls back to a central-DP number.
-* ``sensitivity``: in units of the clipping norm, ``"replace-one"`` (2, default) or ``"paper"``
-  (1); see :mod:`shuffle_opacus.protocols`. Analysis sigma = noise_multiplier / sensitivity.
-* ``method``: the core bound. ``None`` (the default) is the tightest sound one: ``pld``, the
-  privacy loss distribution of the symmetrised Theorem 1 pair, where the work limits allow it,
-  else the protocol's Rényi bound (``exact`` for check-in); :meth:`epsilon_result` says which
-  was used and why. ``get_epsilon(delta, method=...)`` asks for another one.
-
-Every epsilon holds for replace-one adjacency of one client, under the assumptions of
-:data:`shuffle_opacus.analysis.SHUFFLE_ASSUMPTIONS` (Theorem 1's pair is the worst case, the
-shuffle and the check-in coins are secret); with ``sensitivity="paper"`` it is the paper's
-convention, which needs every clipped update within ``C`` of every other (see
-:mod:`shuffle_opacus.protocols`).
-
-The history and the configuration must agree, whichever comes first: :meth:`configure` refuses
-a history whose sample rates contradict the new configuration (rounds recorded before it
-included), :meth:`load_state_dict` checks a loaded history against the configuration it ends up
-with, and :meth:`get_epsilon` checks the history again (it may have been assigned directly).
-
-With :func:`shuffle_opacus.make_private` the accountant follows the sampler
-(:meth:`ShuffleAccountantBase.local_noise_hook`): a round is recorded when the sampler releases
-it, not when the optimizer steps, so a training loop that skips a round (``if len(x) == 0:
-continue``) cannot leave it out.
-
-The accountants refuse to be attached by :meth:`opacus.PrivacyEngine.make_private`: that adds
-*central* noise (one draw of std ``noise_multiplier * C`` on the sum), for which shuffle-model
-numbers would be far too small. Use :func:`shuffle_opacus.make_private`, which adds the local
-noise of every client.
+Every epsilon holds for replace-one adjacency of one client under
+:data:`shuffle_opacus.analysis.SHUFFLE_ASSUMPTIONS` (Theorem 1's pair is the worst case; the
+shuffle and the check-in coins are secret); with ``sensitivity="paper"`` it also needs every
+clipped update within ``C`` of every other (:mod:`shuffle_opacus.protocols`). Configuration,
+checks, following the sampler: docs/opacus.md, "Accountants and Opacus's constraints".
 """
 
 from __future__ import annotations

@@ -1,28 +1,20 @@
 """Turn a model, optimizer and data loader into shuffle-model private training with Opacus.
 
 :func:`make_private` is the package's counterpart of :meth:`opacus.PrivacyEngine.make_private`
-for an engine created with one of the shuffle accountants::
+for an engine created with one of the shuffle accountants
+(``PrivacyEngine(accountant="shuffled_checkin")``, say). It replaces the loader's sampling by
+the protocol's sampler (one dataset example = one client), wraps the model for per-sample
+gradients, makes the optimizer add every participating client's local noise
+(:class:`~shuffle_opacus.noise.LocalNoiseDPOptimizer`), and configures the accountant and makes
+it follow the sampler: every round the loader releases is accounted, stepped or not. Every
+argument is checked before anything is changed: after a ``ValueError`` the module, the
+optimizer and the accountant are as they were. :func:`make_private_with_epsilon` first
+calibrates the local noise multiplier to a target ``(epsilon, delta)``
+(:func:`shuffle_opacus.calibration.calibrate_noise_multiplier`), then delegates to
+:func:`make_private`; the options of both are one frozen :class:`PrivacyOptions`.
 
-    import shuffle_opacus
-    from opacus import PrivacyEngine
-
-    engine = PrivacyEngine(accountant="shuffled_checkin")
-    model, optimizer, loader = shuffle_opacus.make_private(
-        engine, module=model, optimizer=optimizer, data_loader=loader,
-        noise_multiplier=5.0, max_grad_norm=0.01, rate=0.1, rounds=5540, seed=0,
-    )
-
-It replaces the loader's sampling by the protocol's sampler (one dataset example = one client),
-wraps the model for per-sample gradients, makes the optimizer add every participating client's
-local noise (:class:`~shuffle_opacus.noise.LocalNoiseDPOptimizer`), and configures the
-accountant and makes it follow the sampler: every round the loader releases is accounted, stepped
-or not. Every argument is checked before anything is changed: after a ``ValueError`` the module,
-the optimizer and the accountant are as they were.
-
-:func:`make_private_with_epsilon` first calibrates the local noise multiplier to a target
-``(epsilon, delta)`` with :func:`shuffle_opacus.calibration.calibrate_noise_multiplier` and then
-delegates to :func:`make_private`. The options of both are gathered in one frozen
-:class:`PrivacyOptions`, validated once before anything changes.
+A training loop: README.md, "Use it in your Opacus training loop"; the steps and the checks:
+docs/opacus.md, "make_private".
 """
 
 from __future__ import annotations

@@ -1,51 +1,21 @@
 """The client-sampling protocols, one frozen record each, and the sensitivity convention.
 
-Every layer that depends on the protocol (the Opacus accountants,
-:func:`shuffle_opacus.make_private`, the ``calibrate`` command, the experiment's config and
-curves, the Flower layer) looks it up in :data:`PROTOCOLS` instead of comparing names:
+:data:`PROTOCOLS` holds one :class:`Protocol` per protocol: ``full`` (accountant ``shuffle``,
+all ``n`` clients report, Theorem 1), ``subsampled`` (``subsampled_shuffle``, ``m`` of ``n``
+without replacement, Theorem 2) and ``checkin`` (``shuffled_checkin``, each client with
+probability ``rate``). Every layer looks a protocol up here (:func:`get_protocol`,
+:func:`protocol_for_accountant`) instead of comparing names; its methods and reference curves
+are those of its mechanism in :data:`shuffle_opacus.analysis.MECHANISM_TABLE`. No torch import.
 
-====================  ======================  ==========================  =======================
-protocol              accountant              who reports in a round      analysis mechanism
-====================  ======================  ==========================  =======================
-``full``              ``shuffle``             all ``n`` clients           ``shuffle`` (Theorem 1)
-``subsampled``        ``subsampled_shuffle``  ``m`` of ``n`` (parameter   ``subsampled``
-                                              ``sample_size``), without   (Theorem 2)
-                                              replacement
-``checkin``           ``shuffled_checkin``    each client with            ``checkin`` (Theorem 1
-                                              probability ``rate``        averaged over check-ins)
-====================  ======================  ==========================  =======================
-
-A protocol's methods and reference curves are those of its analysis mechanism
-(:data:`shuffle_opacus.analysis.MECHANISM_TABLE`). This module does not import torch; the
-samplers are imported when a record builds one.
-
-Units. Opacus's ``noise_multiplier`` is the standard deviation of the noise each client adds
-to its clipped update, divided by the clipping norm ``C``. The analysis needs sigma relative to
-the L2 distance between the differing client's two possible reports. That distance is the
-*sensitivity*, given here in units of ``C`` (:func:`analysis_sigma` divides by it):
-
-* ``"replace-one"`` (the default, ``2.0``): neighbouring datasets replace one client's data by
-  anything else, so two clipped updates can be ``2C`` apart and analysis
-  ``sigma = noise_multiplier / 2``.
-* ``"paper"`` (``1.0``): the convention of the MNIST experiment of Liew & Takahashi (*Shuffle
-  Gaussian Mechanism for Differential Privacy*, arXiv:2206.09569, §5.2), whose analysis treats
-  the clipped update as lying in ``[0, C]`` with the differing client's reports ``C`` apart, so
-  analysis ``sigma = noise_multiplier``. Use it to reproduce the paper. It is **not** a guarantee
-  for updates clipped to ``C`` under any standard adjacency: with the others at ``-C e1`` and the
-  differing client at ``C e1`` or ``0`` the shuffled outputs differ by more than Theorem 1's pair
-  allows (docs/maths.md, "The paper's sensitivity convention"). It holds only if every clipped
-  update lies within ``C`` of every other (for example, updates clipped to ``C/2``). Using it
-  warns once (:class:`PaperConventionWarning`), and :func:`sensitivity_label` and
-  :func:`sensitivity_assumptions` say so wherever its numbers are shown.
-
-A number in ``[1, 2]`` is also accepted (:data:`SENSITIVITY_RANGE`): two clipped updates are at
-most ``2C`` apart, so a larger value would only inflate epsilon, and a value below ``C`` would rest
-on what the data look like rather than on the clipping (``1e-9`` would make every epsilon 0).
-A number below 2 assumes, like the paper's convention, that all clipped updates lie within that
-many ``C`` of one another. Other numbers, and booleans or strings other than the two names, are
-refused. Whatever the convention, the guarantees are those of the core analysis: replace-one
-adjacency of one client under the assumptions of
-:data:`~shuffle_opacus.analysis.SHUFFLE_ASSUMPTIONS`; see ``docs/maths.md``.
+:func:`analysis_sigma` divides the noise multiplier by the sensitivity, in units of the clipping
+norm ``C``: ``"replace-one"`` (2, the default and the guarantee), ``"paper"`` (1, the convention
+of Liew & Takahashi, *Shuffle Gaussian Mechanism for Differential Privacy*, arXiv:2206.09569,
+§5.2) or a number in :data:`SENSITIVITY_RANGE`. **Warning:** ``"paper"``, or any number below 2,
+is **not** a DP guarantee for updates clipped to ``C``: it holds only if every clipped update
+lies within that many ``C`` of every other. It warns once (:class:`PaperConventionWarning`) and
+:func:`sensitivity_assumptions` says so. Units, accepted values and the counterexample:
+docs/opacus.md, "Units and the sensitivity convention"; docs/maths.md, "Conventions and
+assumptions".
 """
 
 from __future__ import annotations

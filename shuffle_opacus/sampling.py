@@ -1,34 +1,18 @@
 """Batch samplers for the shuffle-model protocols: one batch = one round's clients, shuffled.
 
-Both samplers are ``torch.utils.data.Sampler`` objects yielding lists of dataset indices, for
-``DataLoader(dataset, batch_sampler=...)``; one dataset index is one client. Round ``t``'s batch
-is a function of ``(seed, t)`` alone (numpy ``SeedSequence(seed, spawn_key=(t,))``), so
+:class:`ShuffledCheckInSampler` (protocol ``checkin``) lets every client check in
+independently with probability ``rate``, so a round may be empty; :class:`FixedSizeShuffledSampler`
+(protocols ``subsampled`` and, with ``m = n``, ``full``) draws exactly ``m`` distinct clients.
+Both are ``torch.utils.data.Sampler`` objects yielding lists of dataset indices (one index, one
+client) in uniformly random order, as the shuffler's output would be. Round ``t`` is a function
+of ``(seed, t)`` alone (numpy ``SeedSequence(seed, spawn_key=(t,))``), so a seed fixes every
+round and ``start_round=t`` resumes on the same batches. A sampler releases every round once:
+its cursor :attr:`~ShuffleRoundSampler.next_round` never goes back, so a second ``for``
+continues with new rounds, and an accountant that follows the sampler records each round as it
+is released. Its parameters are fixed once it is built. The generators (numpy's PCG64) are for
+simulation, not cryptographically secure: a deployment draws check-ins on the clients' devices.
 
-* the same seed gives the same rounds, in any process;
-* a run resumed at round ``t`` (``start_round=t``) sees exactly the batches an uninterrupted
-  run would have seen.
-
-A sampler releases every round once. It keeps a cursor, :attr:`~ShuffleRoundSampler.next_round`:
-iteration continues from it and never goes back, so a second ``for`` over the sampler (or over a
-loader built on it) continues with new rounds instead of repeating the check-ins of the first
-pass. One pass is ``rounds`` rounds: the first yields rounds ``start_round .. rounds - 1``, the
-next ``rounds .. 2 rounds - 1``, and so on; a pass left early is finished by the next ``for``.
-An accountant that follows the sampler (:func:`shuffle_opacus.make_private` sets this up)
-records each round as it is released, whether or not the training code then steps the optimizer.
-The protocol's parameters (``n``, ``rate`` or ``m``, ``rounds``, ``seed``) are fixed once the
-sampler is built; assigning one raises ``AttributeError``.
-
-The generators are numpy's PCG64: good statistical randomness for simulations and experiments,
-not a cryptographically secure source. A deployment draws check-ins on the clients' devices.
-
-* :class:`ShuffledCheckInSampler` (protocol ``checkin``): every client checks in independently
-  with probability ``rate``; batch sizes vary and a round may be empty. An empty round yields an
-  empty list; with :func:`shuffle_opacus.make_private` that is a step with no reports, hence no
-  noise and a zero gradient, and the accountant counts it (the check-in analysis includes it).
-* :class:`FixedSizeShuffledSampler` (protocols ``subsampled`` and, with ``m = n``, ``full``):
-  exactly ``m`` distinct clients per round.
-
-Within a batch the order is uniformly random, as the shuffler's output would be.
+Passes, cursors and why rounds are never replayed: docs/opacus.md, "Samplers".
 """
 
 from __future__ import annotations

@@ -1,37 +1,20 @@
 """Exact sums of clipped per-sample gradients in one forward and one backward pass.
 
-The local-noise protocol needs, for a round of ``N`` reports, only the *sum of clipped per-sample
-gradients* ``sum_i c_i grad_i`` with ``c_i = min(1, C / (||grad_i|| + 1e-6))`` (Opacus's clip
-factor), ``grad_i`` the gradient of report ``i``'s own loss over all trainable parameters.
-Opacus materialises every ``grad_i`` of every parameter and then reduces them (``N x 26,010``
-floats a round for the MNIST CNN). :class:`FastGradientClipper` never holds them all:
+The local-noise protocol needs, for a round of ``N`` reports, only the *sum of clipped
+per-sample gradients* ``sum_i c_i grad_i`` with Opacus's clip factor ``c_i = min(1, C /
+(||grad_i|| + 1e-6))``. :class:`FastGradientClipper` computes it without holding every
+per-sample gradient, as Opacus does: hooks keep each layer's input and output, one
+``torch.autograd.grad`` gives the output gradients, per-layer per-report norms come from the
+cheapest identity for the layer's shape (:data:`CONV_STRATEGIES` for ``Conv2d``), and one
+weighted contraction per layer gives the clipped sum (:func:`clip_factors`,
+:class:`ClipResult`). The result equals clipping ``torch.func`` per-sample gradients up to
+floating-point rounding (tested). :class:`ClippedSumModule` makes it a drop-in for
+:func:`shuffle_opacus.make_private` with ``grad_sample_mode="fast"``. Only the ``weight`` and
+``bias`` of :data:`SUPPORTED_LAYERS` (``Conv2d``, ``Linear``, ``GroupNorm``) may be trainable
+(else :class:`UnsupportedModuleError`), with no weight tying, no in-place change of a hooked
+output, no module mixing the reports of a batch, and a sum or mean of per-report losses.
 
-1. **Forward**: hooks on every ``Conv2d``, ``Linear`` and ``GroupNorm`` keep the layer's input
-   and output.
-2. **Backward**: ``torch.autograd.grad`` from the loss (or the model's output) to the layer
-   outputs gives each layer's output gradient ``g``, and nothing else: no parameter gradient is
-   computed. With a mean loss the root gradient is scaled by ``N``, so ``g`` is the gradient of
-   each report's own loss.
-3. **Norms**: per layer and report, the squared norm of that layer's per-sample gradient, the
-   cheapest way for its shape: ``||g_i||^2 ||a_i||^2`` for a ``Linear`` on ``(N, in)``; for a
-   ``Conv2d`` either the "ghost" Gram-matrix identity ``||sum_p g_p a_p^T||^2 = sum_{p,q} (a_p .
-   a_q)(g_p . g_q)`` over output positions (late layers), or the per-sample weight gradients of a
-   chunk of reports by one batched product of the unfolded input ("unfold") or one grouped
-   convolution backward ("grouped", for one-channel inputs).
-4. **Clipped sum**: the factors ``c_i`` from the total norms, then per layer one weighted
-   contraction: ``c @ G`` where the per-sample gradients were kept (small layers), else the
-   ordinary weight-gradient kernel applied to the rescaled output gradients ``c_i g_i``.
-
-The result is exact (equal to clipping ``torch.func`` per-sample gradients up to floating-point
-rounding; tested). :class:`ClippedSumModule` makes it a drop-in: ``loss.backward()`` on a loss of
-its output computes the round's clipped sum (see :func:`shuffle_opacus.make_private` with
-``grad_sample_mode="fast"``).
-
-Limits: every trainable parameter must be the ``weight``/``bias`` of a ``Conv2d``, ``Linear`` or
-``GroupNorm`` (anything else is refused with the module named); a layer may run once per forward
-(no weight tying); a hooked layer's output must not be modified in place; no module may mix the
-reports of a batch (``BatchNorm`` in training mode is refused); the loss must be a sum or mean of
-per-report losses.
+The four steps and the limits: docs/opacus.md, section ``grad_sample_mode="fast"``.
 """
 
 from .clipper import (
