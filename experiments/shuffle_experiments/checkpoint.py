@@ -1,28 +1,17 @@
 """The run's ``checkpoint.pt``: its layout, its checksum, and reading and writing it safely.
 
-A checkpoint is one ``torch.save`` file of tensors and plain containers (dicts, lists, tuples,
-numbers, strings, None), read back with ``torch.load(weights_only=True)`` so that loading one
-from an untrusted source cannot run code. It stays a plain torch file that ``torch.load``
-opens.
+A checkpoint is one ``torch.save`` file of tensors and plain containers, read back with
+``torch.load(weights_only=True)`` so that loading one from an untrusted source cannot run code.
+Layout 3 (:data:`CHECKPOINT_FORMAT`, written by :func:`save_checkpoint`) adds two entries to
+layout 2: ``checksum``, the SHA-256 of every other entry in a canonical encoding
+(:func:`checksum`; content, not torch's serialisation, so it does not change with the torch
+version), which :func:`load_checkpoint` verifies because torch's reader does not check the
+bytes of the tensors; and ``epsilon_sha256``, the digest of the round and epsilon columns of
+``metrics.csv``, so that a resume recognises an intact file. A layout 2 checkpoint is still
+read, with a one-line warning that it was not verified (its epsilon columns are then recomputed
+in full). :func:`comparable` gives the part of a config a checkpoint must match.
 
-Layout 3 (this version) adds two entries to layout 2:
-
-``checksum``
-    ``sha256:<hex>``, the SHA-256 of every other entry in a canonical encoding
-    (:func:`checksum`): keys sorted, numbers and strings by type and value, tensors by dtype,
-    shape and raw bytes. It covers the content, not torch's serialisation of it, so it does not
-    change with the torch version. :func:`load_checkpoint` refuses a checkpoint that fails it
-    (one line naming the file): torch's reader checks the archive's structure but not the bytes
-    of the tensors, so a flipped byte inside a weight would otherwise load silently.
-``epsilon_sha256``
-    The SHA-256 of the round and epsilon columns of ``metrics.csv`` rows ``1 .. round`` as the
-    run wrote them (see :mod:`shuffle_experiments.runner`): on resume, an intact file is
-    recognised without recomputing a curve.
-
-Layout 2, written by the previous version, has neither. It is still read, with a one-line
-warning that it was not verified (refusing it would throw away the training of an interrupted
-run); its epsilon columns are then recomputed in full on resume, and the next checkpoint is
-layout 3. A layout 2 file that does carry a checksum has it verified.
+The entries and the checks on resume: experiments/README.md (Checkpoints, "Check, then write").
 """
 
 from __future__ import annotations

@@ -1,45 +1,18 @@
 """Epsilon after each round of the experiment, one curve per accountant.
 
-Every curve is computed by the library, from the run's history, by the same call the Opacus
-accountant makes: after ``t`` rounds the history is ``[(noise_multiplier, sample_rate, t)]`` and
-epsilon is :func:`shuffle_opacus.history_epsilon` of it. A curve depends only on the config,
-never on which clients happened to check in, so a resumed run reproduces it exactly.
+:class:`EpsilonCurves` computes every curve of ``privacy.accountants`` (:func:`curve_list`,
+:func:`curve_label`) by the library, from the run's history, with the call the Opacus
+accountant makes: after ``t`` rounds, :func:`shuffle_opacus.history_epsilon` of
+``[(noise_multiplier, sample_rate, t)]``, the analysis sigma being the local noise multiplier
+over ``privacy.sensitivity``. A curve depends only on the config, never on which clients
+checked in, so a resumed run reproduces it exactly. The curves are ``pld`` (the default and the
+run's guarantee, :meth:`EpsilonCurves.guarantee`, falling back to ``exact`` beyond the work
+limits), the protocol's other methods (``exact``, ``sum``, ``theorem3``, ``corollary1``), the
+reference curves ``no-shuffle`` and ``central``, ``replace-one`` (added when the sensitivity is
+below replace-one's) and the approximate-DP baseline ``clones`` (a comparison curve, not a
+certified bound; check-in and ``full`` only, at evaluation rounds and the last round).
 
-The run's guarantee (:meth:`EpsilonCurves.guarantee`) is what the accountant reports: the
-tightest sound method, ``pld``, where the work limits allow it, else the Rényi bound ``exact``.
-
-Curves (``privacy.accountants`` in the config); the analysis sigma is the local noise multiplier
-divided by ``privacy.sensitivity`` (:func:`shuffle_opacus.analysis_sigma`):
-
-``pld``
-    The privacy loss distribution of the symmetrised Theorem 1 pair
-    (:mod:`shuffle_opacus.analysis.pld.rounds`), composed over the rounds: the tight
-    ``(eps, delta)``, the accountant's default. Evaluated every round (the per-round PMF and its
-    spectrum are kept, so a round costs one inverse FFT).
-``exact``
-    The protocol's Rényi bound: the exact check-in bound for ``checkin``, Theorem 1 for
-    ``full``, Theorem 2 for ``subsampled`` (RDP composed, Lemma 2); the default's fallback and a
-    cross-check.
-any other method of the protocol
-    ``sum`` and ``theorem3`` for check-in (the latter relies on the paper's Conjecture 1),
-    ``corollary1`` for ``full``: that method of the protocol's analysis.
-``no-shuffle``, ``central``
-    The reference curves of the analysis (:data:`shuffle_opacus.analysis.MECHANISM_TABLE`):
-    Corollary 1 in place of Theorem 1 (no amplification by shuffling), and a trusted server
-    adding the same total noise to the sum (a reference, not a guarantee of the protocol).
-``replace-one``
-    Added by itself when ``privacy.sensitivity`` is below replace-one's 2 C (the paper's
-    convention, say): the accountant's default method at replace-one sensitivity, the run's
-    guarantee. The configured curves then show the paper's convention, labelled as such.
-``clones``
-    The approximate-DP baseline of :mod:`shuffle_opacus.analysis.approximate.baselines`: each
-    round by the clones method for Gaussian reports (Feldman, McMillan & Talwar, *Hiding Among
-    the Clones*, arXiv:2012.12803, Theorem 3.8), check-in amplification and the optimal
-    composition theorem. A local randomizer must hide any input, so its sigma is
-    ``noise_multiplier / 2`` (the clipping ball's diameter is ``2 C``) whatever
-    ``privacy.sensitivity`` says. It is a comparison curve, not a certified bound, evaluated only
-    at the evaluation rounds and the last round, where the plots use it; other rows leave it
-    blank. Check-in and ``full`` only.
+What each curve is: experiments/README.md (``curves.py``) and docs/experiment.md.
 """
 
 from __future__ import annotations

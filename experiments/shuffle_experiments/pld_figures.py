@@ -1,46 +1,19 @@
 """Figures 1–5 of Koskela, Heikkilä & Honkela, redrawn from the package.
 
 Koskela, Heikkilä & Honkela, *Numerical Accounting in the Shuffle Model of Differential Privacy*
-(arXiv:2106.00477).
+(arXiv:2106.00477): δ(ε) of shuffled ``eps0``-LDP reports (1), connect-the-dots for subsampled
+shufflers (2), ε against compositions of a subsampled shuffler (3), shuffled k-randomised
+response (4) and a Monte Carlo check of the shuffled Gaussian (5). The paper built Figures 1–4
+on the pair of Feldman, McMillan & Talwar's *Stronger Privacy Amplification by Shuffling*
+(arXiv:2208.04591, Theorem 3.1), which its errata restrict to a class of randomisers, so the
+curves for a general ``eps0``-LDP randomiser use the clones pair of *Hiding Among the Clones*
+(arXiv:2012.12803, Theorem 3.2); the paper's pair, drawn beside it, names its restriction.
+:data:`FIGURES` lists them; :func:`main` (``shuffle-experiment pld-figures [--only 1 4] [--out
+DIR]``) calls :func:`write` for each, giving ``pld_figN.png`` and ``pld_figN.csv`` in ``DIR``
+(default ``docs/figures``).
 
-Each figure is written as ``pld_figN.png`` with its data as ``pld_figN.csv`` (long format: one row
-per point, columns ``curve, x, y`` plus the figure's parameters) into ``--out`` (default
-``docs/figures``). Run ``shuffle-experiment pld-figures [--only 1 4] [--out DIR]``; all five
-take a few minutes on one core.
-
-Koskela et al. built Figures 1–4 on the pair of Feldman, McMillan & Talwar's *Stronger Privacy
-Amplification by Shuffling* (arXiv:2208.04591, Theorem 3.1), whose errata (later arXiv
-versions) restrict it to a class of randomisers (binary and k-ary randomised response among
-them). The curves for a general ``eps0``-LDP randomiser therefore use the clones pair of
-*Hiding Among the Clones* (arXiv:2012.12803, Theorem 3.2), proven for all of them; where the
-paper's pair is drawn beside it, its label names the restriction.
-
-1. ``delta(eps)`` of shuffled ``eps0``-LDP reports, ``n = 10^4``, ``eps0 = 4``, one and two
-   compositions: PLD of the clones pair, RDP of the same pair converted with Lemma 2 of the
-   shuffle-Gaussian paper, and the clones numerical bound (Feldman et al. 2021), composed with
-   the optimal composition theorem of Kairouz et al. for two rounds; the paper's pair beside
-   them.
-2. Connect-the-dots convergence for subsampled shufflers (clones pair), ``eps0 = 3``, ``n = 10^4``,
-   ``gamma = 0.01`` (100 users per round), alpha grid on ``[-0.25, 0.25]`` (in ``log alpha``),
-   for several grid sizes, with the exact profile ``H_{e^eps}(gamma P + (1 - gamma) Q || Q)`` and
-   ``h`` of eq. 2.3 for one round, and ``delta(eps)`` after 100 rounds.
-3. ``eps(delta = 1e-6)`` of subsampled shufflers against the number of compositions: the PLD of
-   Lemma 7 + connect-the-dots (clones pair; the paper's pair beside it) against RDP from Girgis
-   et al.'s Theorem 3.1 (CCS'21) subsampled
-   with Wang et al.'s Theorem 9 and converted with Lemma 2. Koskela et al. compare with Theorem 2
-   of Girgis, Data & Diggavi (NeurIPS'21), a direct subsampled-shuffle bound not implemented
-   here; the Wang route stands in for it and is labelled as such. The paper does not list the
-   parameters of its Figure 3; here ``n = 10^6``, ``gamma = 0.01`` and ``eps0 = 2``.
-4. Shuffled k-randomised response, ``n = 1000``, ``gamma = 0.25``, ``k = 4``: strong and weak
-   adversaries against the general ``eps0``-LDP analysis at
-   ``eps0 = log(((1 - gamma) k + gamma) / gamma)``, for 1, 10 and 100 compositions, with both
-   pairs: k-RR is in the class the errata allow, so the paper's pair is valid here.
-5. Monte Carlo estimates of ``delta(eps)`` for the shuffled Gaussian (``sigma = 2``,
-   ``n = 1..7``) with one-standard-error bands, against the shuffle-Gaussian RDP bound.
-
-The published figures are images without data; the comparisons that matter (PLD below RDP and
-clones, the paper's pair below the clones pair, strong above weak, RDP above the Monte Carlo
-estimate) are asserted in the test suite.
+Each figure's setting, what it shows and the comparisons the tests assert: docs/maths.md,
+"Figures 1–5 of KHH".
 """
 
 from __future__ import annotations

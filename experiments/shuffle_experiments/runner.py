@@ -1,68 +1,18 @@
 """Run the MNIST shuffle-model experiment from a validated config, with checkpoints and resume.
 
-With a ``clients:`` section the images are split into that many clients that train locally
-(user level, :func:`shuffle_opacus.clients.make_private_clients`): each round the sampler picks
-clients, each trains from the global model, clips its whole update to
-``privacy.clipping_norm`` and adds its noise, and the server's optimizer steps on the average.
-Everything below about files, checkpoints and resuming holds for both levels.
+Without a ``clients:`` section one MNIST training image is one client and each round is a
+private step of :func:`shuffle_opacus.make_private`: the sampler picks the reporting clients,
+each clips the gradient of its image to ``privacy.clipping_norm`` and adds Gaussian noise, and
+the server averages the reports. With one, each client trains locally on its images and
+reports its clipped, noised update (:func:`shuffle_opacus.clients.make_private_clients`).
+:func:`run` trains in a new run directory (``config.yaml``, ``metrics.csv``, ``checkpoint.pt``,
+``summary.json``, plots); :func:`resume` continues one after a stop or a crash, bit for bit as
+an uninterrupted run with the same number of threads; :func:`redraw` writes a finished run's
+summary and plots without training. Every check of a resumed run (checksum, history,
+``metrics.csv``, epsilon columns) runs before anything is written, and a file that cannot be
+written raises :class:`RunFileError`, one line naming it.
 
-Without it one MNIST training image is one client. Each round the protocol's sampler picks the
-reporting clients; each computes the gradient of the loss on its image at the current model,
-clips it to ``privacy.clipping_norm`` and adds Gaussian noise with std
-``noise_multiplier * clipping_norm`` (simulated as one draw on the sum, or per client with
-``privacy.noise_mode: per_client``); the server averages the reports and takes an optimizer
-step. The Opacus side is :func:`shuffle_opacus.make_private` with the protocol's accountant.
-
-Run directory (``output_dir/name/<timestamp>``, with ``output_dir/name/latest`` pointing at the
-newest run):
-
-``config.yaml``
-    The resolved config (after ``--set`` overrides). ``--resume`` reads it back.
-``metrics.csv``
-    One row per round: ``round``, ``participants``, ``train_loss`` (mean over the round's
-    clients, empty for an empty round), ``test_loss`` and ``test_accuracy`` (at evaluation
-    rounds only) and ``eps_<accountant>`` for every configured accountant (see
-    :mod:`shuffle_experiments.curves`). Nothing in it depends on timing, so a resumed run writes the
-    same file as an uninterrupted one.
-``checkpoint.pt``
-    Model, optimizer, accountant, noise-generator and torch RNG state, the round number, a
-    copy of the config, the digest of the epsilon columns so far and a SHA-256 checksum of it
-    all, written every ``training.checkpoint_every`` rounds, at the end, and on Ctrl-C (the
-    round under way finishes first; a second Ctrl-C stops at once and leaves the last
-    checkpoint). Tensors and plain containers only: it is read back with
-    ``torch.load(weights_only=True)`` and its checksum verified (:mod:`.checkpoint`), written
-    to a temporary file and renamed into place.
-``summary.json``
-    Final accuracy and epsilons, rounds, wall time and seconds per round. ``--resume`` of a
-    finished run, or ``shuffle-experiment plot``, writes it and the plots again from the
-    checkpoint and ``metrics.csv`` without training (:func:`redraw`).
-``accuracy_vs_epsilon.png/.csv``, ``epsilon_vs_rounds.png/.csv``
-    The plots of :mod:`shuffle_experiments.plots` and the data they show.
-
-Resuming rebuilds everything from the checkpoint: the sampler restarts at the saved round (its
-batches are a function of the seed and the round only), the noise generator continues from its
-saved state, and rows after the checkpoint are dropped from ``metrics.csv`` (rewritten through
-a temporary file; they are run again). With the same number of threads the result is bit-for-bit
-that of an uninterrupted run, also after SIGKILL at any moment (tested).
-
-Check, then write. A session takes an exclusive lock on the run directory first (a second
-``--resume`` of the same directory is refused in one line), and every consistency check runs
-before anything is written: the checkpoint must pass its checksum, its accountant must hold
-exactly the rounds that ``config.yaml`` implies (the epsilon curves are computed from the
-config), and ``metrics.csv`` must describe rounds ``1 .. checkpoint round``. Rows of those
-rounds that are missing, cut short or unreadable are rebuilt from the checkpoint (round,
-participants and epsilon are functions of the seed and the config; the lost losses and
-accuracies stay empty), and the repair is announced in one line; a file that cannot be
-interpreted (another header, a round that is not an integer, a round twice) is refused in one
-line. The epsilon columns of those rows are then checked against the accountant's history: the
-checkpoint holds the digest of the columns as training wrote them, so an intact file costs one
-recomputed row, and an edited one has every row recomputed and the values that differ replaced,
-one line per column naming the rounds (:func:`_checked_epsilons`). At the end the accountant's
-epsilon is compared with the curve of its method before ``summary.json`` and the plots are
-written. Stale temporary files of an earlier session are removed. A file that cannot be written
-(a full disk, a file-size limit) raises :class:`RunFileError`, one line naming the file and the
-cause (:mod:`.files`); whole files are replaced through a temporary file, so none is left half
-written and a checkpoint that cannot be written leaves the previous one intact.
+The files, resuming and the checks: experiments/README.md ("A run's files", "Check, then write").
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
 """Short training trials over a grid of config overrides, with one results table.
 
-A sweep file is YAML::
+A sweep file (:func:`load_sweep`, giving a :class:`Sweep` of :class:`Trial`) names a base
+config, overrides for every trial, and a grid and/or a list of trials. :func:`run_sweep` runs
+each trial as an ordinary run (:func:`shuffle_experiments.runner.run`) in ``OUT/trial-NN``,
+skips finished trials and resumes an interrupted one when started again, and writes
+``OUT/results.csv``, ``OUT/results.md`` (:func:`results_markdown`, one :class:`TrialResult`
+per row) and ``OUT/accuracy.png``. Trials change only what the paper leaves open: overrides of
+a privacy parameter are refused, since a sweep compares learning set-ups at one privacy setting
+(``training.rounds``, the trial's length, is allowed).
 
-    base: ../paper.yaml           # the config every trial starts from (relative to this file)
-    set:                          # overrides applied to every trial
-      training.rounds: 800
-      privacy.accountants: [exact]
-    grid:                         # a cartesian product of overrides ...
-      model.name: [cnn, cnn_small]
-      optimizer.lr: [5, 10]
-    trials:                       # ... and/or an explicit list of trials
-      - {model.name: cnn_small, optimizer.lr: 20, training.ema: 0.99}
-
-Each trial is an ordinary run (``shuffle_experiments.runner.run``) in ``OUT/trial-NN``, so it
-has its own ``metrics.csv``, checkpoint and plots. A sweep that is started again skips the
-trials that are complete and resumes the interrupted one. The results go to
-``OUT/results.csv``, ``OUT/results.md`` (a Markdown table: the overrides of each trial, its
-final and best test accuracy, the train loss over the last evaluation window, seconds per
-round) and ``OUT/accuracy.png`` (test accuracy against rounds, one line per trial).
-
-Trials change only what the paper leaves open (optimizer, schedule, model, ...). Overrides of a
-privacy parameter are refused: a sweep compares learning set-ups at one privacy setting, and
-its trials must not be read as privacy results (``training.rounds`` is the trial length and is
-allowed; the epsilon of a shortened trial is simply that of fewer rounds).
+The file format and the outputs: experiments/README.md, "Sweeps".
 """
 
 from __future__ import annotations

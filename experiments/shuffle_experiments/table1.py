@@ -1,31 +1,19 @@
 """Table 1 of Liew & Takahashi (shuffle Gaussian, §5.1): clones method against RDP.
 
-Setting: ``n = 60,000`` users, each adding Gaussian noise with ``sigma = 9.48`` to a report of
-sensitivity 1, total ``delta = 1/n``, 1 to 7 compositions. Rows:
+Liew & Takahashi, *Shuffle Gaussian Mechanism for Differential Privacy* (arXiv:2206.09569),
+Table 1: ``n = 60,000`` users (:data:`N`), noise ``sigma = 9.48`` (:data:`SIGMA`) on reports of
+sensitivity 1, total ``delta = 1/n``, 1 to 7 compositions. :func:`table1` computes the rows:
+the published ones (:data:`PAPER_CLONES`, :data:`PAPER_RDP`), :func:`recipe_clones`, our
+reconstruction of how the published clones row was computed (the classical Gaussian calibration
+with diameter 2, the closed form of Feldman, McMillan & Talwar's Eq. (1), a halving grid of
+``delta0`` and ``(k eps, k delta)`` composition; it reproduces the row to below ``1e-4``), the
+package's Theorem 1 RDP with the paper's order cap of 30 and without it, the numerical clones
+bound at both units, and the central reference. :func:`main` (``shuffle-experiment table1
+[--out DIR]``) prints the table and writes ``table1.csv`` and ``table1.png`` into ``DIR``
+(default ``docs/figures``); the numerical clones rows take about a minute.
 
-* ``paper clones`` / ``paper RDP``: the published numbers.
-* ``recipe clones``: our reconstruction of how the published clones row was computed. The paper
-  says only "fix sigma, delta0 = delta, scan over delta0 until delta_final <= 1/n, then the
-  strong composition theorem". The choices that reproduce it (to < 1e-4 absolute, see the docs)
-  are: the *classical* calibration ``eps0 = D sqrt(2 log(1.25 / delta0)) / sigma`` with
-  ``D = 2`` (inputs in the unit ball, so ``sigma = 9.48`` is ``(1, 1/n)``-LDP, as the paper
-  says), ``sigma = 2 sqrt(2 log(1.25 n)) = 9.4764`` (9.48 is its rounding), the closed form
-  Eq. (1) as printed, ``delta_shuffle = delta0`` halved from ``1e-10`` until
-  ``k (delta0 + (e^eps + 1)(1 + e^{-eps0}/2) n delta0) <= 1/n``, and ``k``-fold composition at
-  ``(k eps, k delta)`` (the ``i = 0`` point of the optimal composition theorem).
-* ``RDP, orders <= 30``: the package's shuffle-Gaussian RDP (Theorem 1) with the paper's cap on
-  the order; it reproduces the published RDP row.
-* ``RDP, exact``: the same without the cap (orders grow until the optimum is interior).
-* ``clones, numerical``: what the package recommends for the clones method: analytic Gaussian
-  (exact ``eps0(delta0)``), the numerical clones bound, the best ``delta0`` and per-round
-  delta, and the optimal composition theorem; at the RDP row's unit (distance 1) and at the
-  recipe's unit (diameter 2, i.e. ``sigma / 2``).
-* ``central``: a trusted curator adding the same total noise (std ``sigma sqrt(n)``) to the
-  sum, composed with RDP.
-
-Run ``shuffle-experiment table1 [--out DIR]``; it prints the table and writes
-``table1.csv`` and ``table1.png`` (epsilon against compositions, log scale) into ``DIR``
-(default ``docs/figures``). The numerical clones rows take about a minute.
+The recipe, the alternatives tried, the numbers and the caveats: docs/maths.md, "Table 1 of the
+shuffle-Gaussian paper".
 """
 
 from __future__ import annotations
