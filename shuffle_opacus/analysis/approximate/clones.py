@@ -34,11 +34,11 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 
 from ..._validation import check_delta, check_int, check_nonnegative, check_positive, check_sigma
 from ..options import CLONES_METHODS
 from ._binomial import binom_cdf, binom_isf, binom_pmf, binom_ppf, binom_sf
+from ._minimize import minimize_bounded
 from .analytic_gaussian import gaussian_dp_epsilon
 
 __all__ = [
@@ -397,15 +397,15 @@ def clones_gaussian(
     if math.isfinite(values[best][0]):
         lo_g = grid[min(best + 1, len(grid) - 1)]
         hi_g = grid[max(best - 1, 0)]
-        found = minimize_scalar(
+        found = minimize_bounded(
             lambda g: min(_gaussian_at(g, n, sigma, delta, method, tol)[0], 1e6),
-            bounds=(lo_g, hi_g),
-            method="bounded",
-            options={"xatol": 1e-2},
+            float(lo_g),
+            float(hi_g),
+            xatol=1e-2,
         )
-        refined = _gaussian_at(float(found.x), n, sigma, delta, method, tol)
+        refined = _gaussian_at(found, n, sigma, delta, method, tol)
         choice, log_d0 = (
-            (refined, float(found.x))
+            (refined, found)
             if refined[0] < values[best][0]
             else (
                 values[best],
