@@ -1,8 +1,8 @@
 """The ``shuffle-opacus`` command answers before its heavy imports.
 
 A bad argument must be refused without loading scipy, ``dp_accounting`` or torch, and the simple
-accountings must not load more than ``scipy.special``: each scenario runs in a fresh
-interpreter and reports which of those modules it loaded.
+accountings and the clones bound must not load more than ``scipy.special``: each scenario runs
+in a fresh interpreter and reports which of those modules it loaded.
 """
 
 from __future__ import annotations
@@ -68,3 +68,40 @@ def test_the_central_gaussian_loads_no_scipy_at_all():
     status, loaded = _loaded(["account", "gaussian", "--sigma", "1", "--steps", "10"])
     assert status == 0
     assert loaded == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["account", "clones", "--n", "1000", "--eps0", "1"],
+        ["account", "clones", "--n", "1000", "--eps0", "1", "--steps", "10"],
+        ["account", "clones", "--n", "1000", "--eps0", "1", "--method", "closed-form"],
+    ],
+)
+def test_the_clones_bound_needs_only_scipy_special(argv):
+    """The clones bound of eps0-LDP reports (benchmarks/clones.py times it against Apple's code,
+    both as whole processes) takes its binomials from scipy.special and minimises by hand: no
+    scipy.stats nor scipy.optimize (0.4 s of imports between them)."""
+    status, loaded = _loaded(argv)
+    assert status == 0
+    assert set(loaded) <= {"scipy", "scipy.special"}
+
+
+def test_the_gaussian_clones_bound_loads_no_scipy_stats():
+    # Gaussian reports need the analytic Gaussian's root finder (scipy.optimize), not more.
+    status, loaded = _loaded(["account", "clones-gaussian", "--n", "1000", "--sigma", "3"])
+    assert status == 0
+    assert "scipy.stats" not in loaded
+
+
+def test_the_clones_functions_need_only_scipy_special():
+    # The library call the benchmark times beside the command.
+    code = (
+        "import json, sys\n"
+        "from shuffle_opacus.analysis import clones_delta, clones_epsilon\n"
+        "clones_epsilon(n=1000, eps0=1.0, delta=1e-6)\n"
+        "clones_delta(0.5, n=1000, eps0=1.0)\n"
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert set(json.loads(out.stdout.strip().splitlines()[-1])) <= {"scipy", "scipy.special"}

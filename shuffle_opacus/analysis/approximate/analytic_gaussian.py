@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
 from ..._validation import check_delta, check_nonnegative, check_sigma
@@ -86,6 +85,8 @@ def gaussian_dp_epsilon(delta: float, *, sigma: float) -> float:
     hi = 1.0
     while _log_delta(hi, sigma) > target:
         hi *= 2.0
+    from scipy.optimize import brentq  # here: the clones bound of eps0-LDP reports needs none
+
     eps = brentq(lambda e: _log_delta(e, sigma) - target, 0.0, hi, xtol=1e-14, rtol=1e-13)
     # Check in the units the caller sees (exp of the log profile), so that
     # gaussian_dp_delta(result) <= delta holds exactly in floating point.

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import binom
 
 from ..._validation import check_delta, check_int, check_positive, check_probability, check_sigma
 from ..results import AccountingResult
+from ._binomial import binom_ppf
 from .clones import (
     CLONES_METHODS,
     ClonesValidityWarning,
@@ -143,7 +143,7 @@ def round_profile(
         delta_shuffle = (d - tau) / rate
         if delta_shuffle >= 1.0:
             continue
-        others = int(binom.ppf(tau, n - 1, rate))  # Pr[Bin(n - 1, rate) < others] < tau
+        others = int(binom_ppf(tau, n - 1, rate))  # Pr[Bin(n - 1, rate) < others] < tau
         users = max(1, others + 1)
         eps = _one_round(users, sigma, eps0, delta_shuffle, method)
         if eps is not None:

@@ -24,11 +24,11 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import minimize_scalar
-from scipy.stats import binom
 
 from ..._validation import check_delta, check_int, check_nonnegative, check_positive, check_sigma
 from ..options import CLONES_METHODS
+from ._binomial import binom_cdf, binom_isf, binom_pmf, binom_ppf, binom_sf
+from ._minimize import minimize_bounded
 from .analytic_gaussian import gaussian_dp_epsilon
 
 __all__ = [
@@ -78,9 +78,9 @@ def _mixing_weights(n: int, eps0: float, tail: float) -> tuple[np.ndarray, np.nd
     """
     p = math.exp(-eps0)
     lo, hi = _bulk(n - 1, p, tail)
-    omitted = float(binom.cdf(lo - 1, n - 1, p) + binom.sf(hi, n - 1, p))
+    omitted = float(binom_cdf(lo - 1, n - 1, p) + binom_sf(hi, n - 1, p))
     c = np.arange(lo, hi + 1, dtype=float)
-    weights = binom.pmf(c, n - 1, p)
+    weights = binom_pmf(c, n - 1, p)
     c.setflags(write=False)
     weights.setflags(write=False)
     return c, weights, omitted
@@ -91,8 +91,8 @@ def _bulk(trials: int, p: float, tail: float) -> tuple[int, int]:
     with warnings.catch_warnings():
         # boost's quantile search warns (and returns nan) when the mass is far in one corner.
         warnings.simplefilter("ignore", RuntimeWarning)
-        lo_q = float(binom.ppf(tail, trials, p))
-        hi_q = float(binom.isf(tail, trials, p))
+        lo_q = float(binom_ppf(tail, trials, p))
+        hi_q = float(binom_isf(tail, trials, p))
     lo = max(0, int(lo_q)) if math.isfinite(lo_q) else 0
     hi = min(trials, int(hi_q)) if math.isfinite(hi_q) else trials
     return lo, max(lo, hi)
@@ -119,7 +119,7 @@ def _delta_given_c(eps: float, c: np.ndarray, q: float) -> np.ndarray:
     best = np.zeros_like(c)
     for s in (s0 - 1.0, s0, s0 + 1.0):
         s = np.clip(s, 1.0, c + 2.0)
-        term = a * binom.pmf(s - 1.0, c, 0.5) - math.expm1(eps) * binom.sf(s - 1.0, c, 0.5)
+        term = a * binom_pmf(s - 1.0, c, 0.5) - math.expm1(eps) * binom_sf(s - 1.0, c, 0.5)
         best = np.maximum(best, term)
     return best
 
@@ -387,15 +387,15 @@ def clones_gaussian(
     if math.isfinite(values[best][0]):
         lo_g = grid[min(best + 1, len(grid) - 1)]
         hi_g = grid[max(best - 1, 0)]
-        found = minimize_scalar(
+        found = minimize_bounded(
             lambda g: min(_gaussian_at(g, n, sigma, delta, method, tol)[0], 1e6),
-            bounds=(lo_g, hi_g),
-            method="bounded",
-            options={"xatol": 1e-2},
+            float(lo_g),
+            float(hi_g),
+            xatol=1e-2,
         )
-        refined = _gaussian_at(float(found.x), n, sigma, delta, method, tol)
+        refined = _gaussian_at(found, n, sigma, delta, method, tol)
         choice, log_d0 = (
-            (refined, float(found.x))
+            (refined, found)
             if refined[0] < values[best][0]
             else (
                 values[best],

@@ -1,0 +1,176 @@
+"""The binomial distribution's mass, tails and quantiles without importing ``scipy.stats``.
+
+``scipy.stats.binom`` evaluates Boost's binomial functions, which scipy >= 1.14 keeps as ufuncs
+in ``scipy.special._ufuncs`` (``_binom_pmf`` and friends); importing ``scipy.stats`` costs about
+0.3 s more than ``scipy.special``. The functions here call those same ufuncs and apply the rules
+``scipy.stats.binom`` applies around them (support, integer ``k``, clipping to ``[0, 1]``, the
+conventions of the quantiles at 0 and 1, ``nan`` for invalid parameters), so that they return
+the very same floats: the clones bound computed with them is bit for bit the one computed with
+``scipy.stats`` (``tests/analysis/test_binomial.py`` checks both against each other). Where the
+ufuncs are missing (scipy older than 1.14, or renamed later) the functions call
+``scipy.stats.binom`` itself: slower to import, same values.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["binom_cdf", "binom_isf", "binom_pmf", "binom_ppf", "binom_sf"]
+
+_Ufunc = Callable[..., Any]
+_Settled = tuple[np.ndarray, np.ndarray]  # (which points, their values)
+
+
+@functools.cache
+def _kernels() -> dict[str, _Ufunc] | None:
+    """Boost's binomial ufuncs from ``scipy.special``, or ``None`` where this scipy lacks them."""
+    from scipy.special import _ufuncs
+
+    found: dict[str, _Ufunc] = {}
+    for name in ("pmf", "cdf", "sf", "ppf", "isf"):
+        kernel = getattr(_ufuncs, f"_binom_{name}", None)
+        if kernel is None:
+            return None
+        found[name] = kernel
+    return found
+
+
+def _stats_binom() -> Any:
+    """``scipy.stats.binom``, for a scipy without the ufuncs in ``scipy.special``."""
+    from scipy.stats import binom
+
+    return binom
+
+
+def _evaluate(
+    name: str, x: Any, n: Any, p: Any, ends: Callable[[np.ndarray, np.ndarray], _Settled]
+) -> Any:
+    """Kernel ``name`` at every point that ``ends`` does not settle, for valid parameters.
+
+    ``ends(x, n)`` gives the points whose value follows from the support alone (outside it, or
+    a quantile at 0 or 1) and their values; invalid parameters and ``nan`` give ``nan``.
+    """
+    x, n, p = np.broadcast_arrays(
+        np.asarray(x, dtype=float), np.asarray(n, dtype=float), np.asarray(p, dtype=float)
+    )
+    valid = (n >= 0) & (n == np.round(n)) & (p >= 0) & (p <= 1) & ~np.isnan(x)
+    settled, value = ends(x, n)
+    out = np.where(settled, value, np.nan)
+    ask = valid & ~settled
+    if np.any(ask):
+        kernels = _kernels()
+        assert kernels is not None
+        found = kernels[name](x[ask], n[ask], p[ask])
+        # scipy clips masses and tails to [0, 1], and adds its location (0) to quantiles.
+        out[ask] = found + 0.0 if name in ("ppf", "isf") else np.clip(found, 0.0, 1.0)
+    out[~valid] = np.nan
+    return out[()] if out.ndim == 0 else out
+
+
+def binom_pmf(k: Any, n: Any, p: Any) -> Any:
+    """``Pr[Bin(n, p) = k]``, as ``scipy.stats.binom.pmf(k, n, p)``.
+
+    Args:
+        k: Points (array-like; 0 off the integers ``0..n``).
+        n: Numbers of trials (array-like; integers >= 0, else ``nan``).
+        p: Success probabilities (array-like; in ``[0, 1]``, else ``nan``).
+
+    Returns:
+        The masses, broadcast over the arguments (a numpy scalar for scalar arguments).
+    """
+    if _kernels() is None:
+        return _stats_binom().pmf(k, n, p)
+
+    def ends(x: np.ndarray, trials: np.ndarray) -> _Settled:
+        inside = (x >= 0) & (x <= trials) & (np.floor(x) == x)
+        return ~inside, np.zeros_like(x)
+
+    return _evaluate("pmf", k, n, p, ends)
+
+
+def binom_cdf(k: Any, n: Any, p: Any) -> Any:
+    """``Pr[Bin(n, p) <= k]``, as ``scipy.stats.binom.cdf(k, n, p)``.
+
+    Args:
+        k: Points (array-like; a non-integer ``k`` counts as ``floor(k)``).
+        n: Numbers of trials (array-like; integers >= 0, else ``nan``).
+        p: Success probabilities (array-like; in ``[0, 1]``, else ``nan``).
+
+    Returns:
+        The lower tails, broadcast over the arguments (a numpy scalar for scalar arguments).
+    """
+    if _kernels() is None:
+        return _stats_binom().cdf(k, n, p)
+
+    def ends(x: np.ndarray, trials: np.ndarray) -> _Settled:
+        return (x < 0) | (x >= trials), np.where(x >= trials, 1.0, 0.0)
+
+    return _evaluate("cdf", np.floor(k), n, p, ends)
+
+
+def binom_sf(k: Any, n: Any, p: Any) -> Any:
+    """``Pr[Bin(n, p) > k]``, as ``scipy.stats.binom.sf(k, n, p)``.
+
+    Args:
+        k: Points (array-like; a non-integer ``k`` counts as ``floor(k)``).
+        n: Numbers of trials (array-like; integers >= 0, else ``nan``).
+        p: Success probabilities (array-like; in ``[0, 1]``, else ``nan``).
+
+    Returns:
+        The upper tails, broadcast over the arguments (a numpy scalar for scalar arguments).
+    """
+    if _kernels() is None:
+        return _stats_binom().sf(k, n, p)
+
+    def ends(x: np.ndarray, trials: np.ndarray) -> _Settled:
+        return (x < 0) | (x >= trials), np.where(x < 0, 1.0, 0.0)
+
+    return _evaluate("sf", np.floor(k), n, p, ends)
+
+
+def binom_ppf(q: Any, n: Any, p: Any) -> Any:
+    """Smallest ``k`` with ``Pr[Bin(n, p) <= k] >= q``, as ``scipy.stats.binom.ppf(q, n, p)``.
+
+    As in scipy, ``q = 0`` gives ``-1`` and ``q = 1`` gives ``n``.
+
+    Args:
+        q: Lower-tail probabilities (array-like; in ``[0, 1]``, else ``nan``).
+        n: Numbers of trials (array-like; integers >= 0, else ``nan``).
+        p: Success probabilities (array-like; in ``[0, 1]``, else ``nan``).
+
+    Returns:
+        The quantiles as floats, broadcast over the arguments.
+    """
+    if _kernels() is None:
+        return _stats_binom().ppf(q, n, p)
+
+    def ends(x: np.ndarray, trials: np.ndarray) -> _Settled:
+        return (x <= 0) | (x >= 1), np.where(x == 0, -1.0, np.where(x == 1, trials, np.nan))
+
+    return _evaluate("ppf", q, n, p, ends)
+
+
+def binom_isf(q: Any, n: Any, p: Any) -> Any:
+    """Smallest ``k`` with ``Pr[Bin(n, p) > k] <= q``, as ``scipy.stats.binom.isf(q, n, p)``.
+
+    As in scipy, ``q = 1`` gives ``-1`` and ``q = 0`` gives ``n``.
+
+    Args:
+        q: Upper-tail probabilities (array-like; in ``[0, 1]``, else ``nan``).
+        n: Numbers of trials (array-like; integers >= 0, else ``nan``).
+        p: Success probabilities (array-like; in ``[0, 1]``, else ``nan``).
+
+    Returns:
+        The quantiles as floats, broadcast over the arguments.
+    """
+    if _kernels() is None:
+        return _stats_binom().isf(q, n, p)
+
+    def ends(x: np.ndarray, trials: np.ndarray) -> _Settled:
+        return (x <= 0) | (x >= 1), np.where(x == 1, -1.0, np.where(x == 0, trials, np.nan))
+
+    return _evaluate("isf", q, n, p, ends)
