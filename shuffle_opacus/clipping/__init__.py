@@ -16,8 +16,10 @@ floats a round for the MNIST CNN). :class:`FastGradientClipper` never holds them
    cheapest way for its shape: ``||g_i||^2 ||a_i||^2`` for a ``Linear`` on ``(N, in)``; for a
    ``Conv2d`` either the "ghost" Gram-matrix identity ``||sum_p g_p a_p^T||^2 = sum_{p,q} (a_p .
    a_q)(g_p . g_q)`` over output positions (late layers), or the per-sample weight gradients of a
-   chunk of reports by one batched product of the unfolded input ("unfold") or one grouped
-   convolution backward ("grouped", for one-channel inputs).
+   chunk of reports by one batched product of the unfolded input ("unfold"), one grouped
+   convolution backward ("grouped") or, for strided layers, one batched product per kernel row
+   on the input split into its stride phases and shifted along the width ("polyphase": one copy
+   of about ``1 / Ti`` of the unfolded input's size, ``Ti = kh / stride`` kernel rows a phase).
 4. **Clipped sum**: the factors ``c_i`` from the total norms, then per layer one weighted
    contraction: ``c @ G`` where the per-sample gradients were kept (small layers), else the
    ordinary weight-gradient kernel applied to the rescaled output gradients ``c_i g_i``.

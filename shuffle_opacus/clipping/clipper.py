@@ -21,7 +21,7 @@ __all__ = [
     "clip_factors",
 ]
 
-CONV_STRATEGIES: tuple[str, ...] = ("auto", "ghost", "unfold", "grouped")
+CONV_STRATEGIES: tuple[str, ...] = ("auto", "ghost", "unfold", "grouped", "polyphase")
 SUPPORTED_LAYERS: tuple[type[nn.Module], ...] = (nn.Conv2d, nn.Linear, nn.GroupNorm)
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
