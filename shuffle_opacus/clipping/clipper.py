@@ -27,7 +27,7 @@ SUPPORTED_LAYERS: tuple[type[nn.Module], ...] = (nn.Conv2d, nn.Linear, nn.GroupN
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 _DEFAULT_KEEP_BYTES = 64 * 2**20
-_DEFAULT_CHUNK_BYTES = 12 * 2**20
+_DEFAULT_CHUNK_BYTES = 4 * 2**20
 
 
 class UnsupportedModuleError(ValueError):
