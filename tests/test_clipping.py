@@ -238,6 +238,20 @@ def test_polyphase_matches_torch_func_per_sample_gradients(
                 torch.testing.assert_close(summed[p], expected, rtol=1e-12, atol=1e-12)
 
 
+def test_auto_strategy_choices() -> None:
+    """``auto`` takes polyphase for both MNIST CNN layers; polyphase falls back where it fails."""
+    model = cnn()
+    clipper = FastGradientClipper(model)
+    clipper.clipped_sum(*data(3), F.cross_entropy, SMALL_C)
+    assert clipper.chosen_strategies == {"0": "polyphase", "3": "polyphase"}
+    late = nn.Conv2d(64, 128, 4, stride=2)  # 3 x 3 outputs: the Gram matrices are far cheaper
+    assert FastGradientClipper.heuristic_conv_strategy(late, 9) == "ghost"
+    odd = nn.Sequential(nn.Conv2d(1, 2, 3, stride=2), nn.Flatten(), nn.Linear(2 * 13 * 13, 10))
+    clipper = FastGradientClipper(odd, conv_strategy="polyphase")  # kernel 3, stride 2
+    clipper.clipped_sum(*data(2), F.cross_entropy, SMALL_C)
+    assert clipper.chosen_strategies == {"0": "unfold"}
+
+
 def test_sequence_linear_layers() -> None:
     torch.manual_seed(4)
     model = SeqModel().double()

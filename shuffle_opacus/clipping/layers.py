@@ -124,14 +124,20 @@ class LayerKernels:
     def heuristic_conv_strategy(cls, m: nn.Conv2d, positions: int) -> str:
         """Return the ``"auto"`` choice for a conv layer with ``positions`` output positions.
 
-        ``"ghost"`` when its two ``P x P`` Gram matrices need fewer multiply-adds than the
-        per-sample gradient (``P (K + O) < K O``: late layers, small images); otherwise
-        ``"grouped"`` (oneDNN grouped convolution) for grouped/depthwise layers and for large
-        outputs with long patches (``P >= 100`` and ``K >= 32``), else ``"unfold"``. Measured on
-        2 EPYC cores this picks the fastest of the three for 7 of 7 test shapes
-        (``conv_strategies.py``);
+        For a strided, ungrouped layer whose kernel is a multiple of its stride,
+        ``"polyphase"`` unless the two ``P x P`` Gram matrices of ``"ghost"`` need less than
+        half the multiply-adds of the per-sample gradient (``2 P (K + O) < K O``). Otherwise
+        ``"ghost"`` when ``P (K + O) < K O`` (late layers, small images); else ``"grouped"``
+        (oneDNN grouped convolution) for grouped/depthwise layers and for large outputs with
+        long patches (``P >= 100`` and ``K >= 32``), else ``"unfold"``. Measured on an EPYC
+        core with ``benchmarks/conv_strategies.py`` (one thread): within 7% of the fastest
+        strategy for 11 of its 13 layer shapes, the four layers of the MNIST CNNs among them;
+        1.12x for a stride-1 64 -> 128 layer on 8 x 8 (ghost, polyphase fastest) and 1.26x for
+        a 3 x 3 stride-2 layer (unfold, grouped fastest).
         """
         k, o, p = cls._conv_dims(m, positions)
+        if m.groups == 1 and tuple(m.stride) != (1, 1) and cls._polyphase_taps(m) is not None:
+            return "ghost" if 2 * p * (k + o) < k * o else "polyphase"
         if p * (k + o) < k * o:
             return "ghost"
         if m.groups > 1 or (p >= 100 and k >= 32):
