@@ -153,7 +153,7 @@ def test_empty_batch_gives_zero_sum(dtype: torch.dtype) -> None:
         assert torch.count_nonzero(p.grad) == 0
 
 
-@pytest.mark.parametrize("strategy", ["auto", "ghost", "unfold", "grouped"])
+@pytest.mark.parametrize("strategy", ["auto", "ghost", "unfold", "grouped", "polyphase"])
 @pytest.mark.parametrize("keep_bytes", [0, 1 << 30])
 def test_conv_strategies_agree(strategy: str, keep_bytes: int) -> None:
     torch.manual_seed(1)
@@ -183,6 +183,73 @@ def test_groupnorm_grouped_padded_convs(strategy: str, max_norm: float) -> None:
     x, y = data(7, torch.float64)
     clipper = FastGradientClipper(model, conv_strategy=strategy)  # type: ignore[arg-type]
     assert_matches_reference(model, clipper, x, y, max_norm)
+
+
+#: (in, out, kernel, stride, padding, dilation, groups, padding_mode, input size) for polyphase.
+POLYPHASE_SHAPES = [
+    (1, 16, 8, 2, 3, 1, 1, "zeros", 28),  # the MNIST CNN's layers
+    (16, 32, 4, 2, 0, 1, 1, "zeros", 13),
+    (3, 5, 3, 1, 1, 1, 1, "zeros", 9),  # stride 1: one phase, kh taps
+    (4, 6, 3, 1, 2, 2, 2, "zeros", 10),  # dilated and grouped
+    (2, 4, (4, 2), (2, 1), (1, 0), 1, 1, "zeros", 11),  # different strides and kernel sides
+    (2, 3, 4, 2, 1, 1, 1, "reflect", 9),  # padding applied before the phases are taken
+]
+
+
+@pytest.mark.parametrize("shape", POLYPHASE_SHAPES)
+def test_polyphase_matches_torch_func_per_sample_gradients(
+    shape: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Norms and clipped sum of one conv layer, from a random output gradient, vs torch.func.
+
+    For 1 and 7 examples, with the per-sample gradients kept or not, whole or in chunks of 3
+    (the last one shorter).
+    """
+    from torch.func import functional_call, grad, vmap
+
+    cin, cout, k, stride, pad, dil, groups, mode, size = shape
+    torch.manual_seed(11)
+    conv = nn.Conv2d(
+        cin, cout, k, stride=stride, padding=pad, dilation=dil, groups=groups, padding_mode=mode
+    ).double()
+    params = {k: v.detach() for k, v in conv.named_parameters()}
+
+    def one(params: dict, xi: torch.Tensor, gi: torch.Tensor) -> torch.Tensor:
+        return (functional_call(conv, params, (xi.unsqueeze(0),)) * gi.unsqueeze(0)).sum()
+
+    for n in (1, 7):
+        x = torch.randn(n, cin, size, size, dtype=torch.float64)
+        with torch.no_grad():
+            g = torch.randn_like(conv(x))
+        ps = vmap(grad(one), in_dims=(None, 0, 0))(params, x, g)
+        ref = torch.sqrt(sum(v.reshape(n, -1).square().sum(1) for v in ps.values()))
+        for keep_bytes, chunk in ((1 << 30, None), (0, 3), (1 << 30, 3)):
+            clipper = FastGradientClipper(conv, conv_strategy="polyphase", keep_bytes=keep_bytes)
+            if chunk is not None:
+                monkeypatch.setattr(clipper, "_chunk", lambda per, n, chunk=chunk: min(n, chunk))
+            with clipper._capturing() as records:
+                out = conv(x)
+            norms, c, summed = clipper.clip_records(records, out, g, 1.0, n)
+            clipper.remove()
+            assert clipper.chosen_strategies == {"": "polyphase"}
+            torch.testing.assert_close(norms, ref, rtol=1e-12, atol=0)
+            for name, p in conv.named_parameters():
+                expected = torch.einsum("i,i...->...", c, ps[name])
+                torch.testing.assert_close(summed[p], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_auto_strategy_choices() -> None:
+    """``auto`` takes polyphase for both MNIST CNN layers; polyphase falls back where it fails."""
+    model = cnn()
+    clipper = FastGradientClipper(model)
+    clipper.clipped_sum(*data(3), F.cross_entropy, SMALL_C)
+    assert clipper.chosen_strategies == {"0": "polyphase", "3": "polyphase"}
+    late = nn.Conv2d(64, 128, 4, stride=2)  # 3 x 3 outputs: the Gram matrices are far cheaper
+    assert FastGradientClipper.heuristic_conv_strategy(late, 9) == "ghost"
+    odd = nn.Sequential(nn.Conv2d(1, 2, 3, stride=2), nn.Flatten(), nn.Linear(2 * 13 * 13, 10))
+    clipper = FastGradientClipper(odd, conv_strategy="polyphase")  # kernel 3, stride 2
+    clipper.clipped_sum(*data(2), F.cross_entropy, SMALL_C)
+    assert clipper.chosen_strategies == {"0": "unfold"}
 
 
 def test_sequence_linear_layers() -> None:

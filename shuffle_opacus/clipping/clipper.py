@@ -21,13 +21,13 @@ __all__ = [
     "clip_factors",
 ]
 
-CONV_STRATEGIES: tuple[str, ...] = ("auto", "ghost", "unfold", "grouped")
+CONV_STRATEGIES: tuple[str, ...] = ("auto", "ghost", "unfold", "grouped", "polyphase")
 SUPPORTED_LAYERS: tuple[type[nn.Module], ...] = (nn.Conv2d, nn.Linear, nn.GroupNorm)
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 _DEFAULT_KEEP_BYTES = 64 * 2**20
-_DEFAULT_CHUNK_BYTES = 12 * 2**20
+_DEFAULT_CHUNK_BYTES = 4 * 2**20
 
 
 class UnsupportedModuleError(ValueError):

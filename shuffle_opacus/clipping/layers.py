@@ -1,8 +1,9 @@
 """Per-layer kernels of the fast clipper: squared norms of per-sample gradients and clipped sums.
 
-For ``Linear`` (outer-product identity), ``Conv2d`` (ghost Gram identity, unfolded or grouped
-per-sample gradients) and ``GroupNorm``; :class:`~shuffle_opacus.clipping.FastGradientClipper`
-calls them layer by layer. docs/opacus.md describes the strategies and when each is chosen.
+For ``Linear`` (outer-product identity), ``Conv2d`` (ghost Gram identity, or per-sample gradients
+from the unfolded input, a grouped convolution or the input's stride phases) and ``GroupNorm``;
+:class:`~shuffle_opacus.clipping.FastGradientClipper` calls them layer by layer. docs/opacus.md
+describes the strategies and when each is chosen.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
-ConvStrategy = Literal["auto", "ghost", "unfold", "grouped"]
+ConvStrategy = Literal["auto", "ghost", "unfold", "grouped", "polyphase"]
 
 
 @dataclass
@@ -34,7 +35,9 @@ class _LayerWork:
 
     record: _Record
     grad_output: Tensor
-    # Per-sample gradients kept for the final weighted sum: param -> (N, numel).
+    # Per-sample gradients kept for the final weighted sum ``c @ G``: param -> (N, numel) in the
+    # parameter's layout, or (T, N, numel / T) for a convolution's weight in the tap-major
+    # layout of the "polyphase" strategy (reordered by ``_polyphase_to_weight`` after the sum).
     kept: dict[nn.Parameter, Tensor]
 
 
@@ -121,14 +124,20 @@ class LayerKernels:
     def heuristic_conv_strategy(cls, m: nn.Conv2d, positions: int) -> str:
         """Return the ``"auto"`` choice for a conv layer with ``positions`` output positions.
 
-        ``"ghost"`` when its two ``P x P`` Gram matrices need fewer multiply-adds than the
-        per-sample gradient (``P (K + O) < K O``: late layers, small images); otherwise
-        ``"grouped"`` (oneDNN grouped convolution) for grouped/depthwise layers and for large
-        outputs with long patches (``P >= 100`` and ``K >= 32``), else ``"unfold"``. Measured on
-        2 EPYC cores this picks the fastest of the three for 7 of 7 test shapes
-        (``conv_strategies.py``);
+        For a strided, ungrouped layer whose kernel is a multiple of its stride,
+        ``"polyphase"`` unless the two ``P x P`` Gram matrices of ``"ghost"`` need less than
+        half the multiply-adds of the per-sample gradient (``2 P (K + O) < K O``). Otherwise
+        ``"ghost"`` when ``P (K + O) < K O`` (late layers, small images); else ``"grouped"``
+        (oneDNN grouped convolution) for grouped/depthwise layers and for large outputs with
+        long patches (``P >= 100`` and ``K >= 32``), else ``"unfold"``. Measured on an EPYC
+        core with ``benchmarks/conv_strategies.py`` (one thread): within 7% of the fastest
+        strategy for 11 of its 13 layer shapes, the four layers of the MNIST CNNs among them;
+        1.12x for a stride-1 64 -> 128 layer on 8 x 8 (ghost, polyphase fastest) and 1.26x for
+        a 3 x 3 stride-2 layer (unfold, grouped fastest).
         """
         k, o, p = cls._conv_dims(m, positions)
+        if m.groups == 1 and tuple(m.stride) != (1, 1) and cls._polyphase_taps(m) is not None:
+            return "ghost" if 2 * p * (k + o) < k * o else "polyphase"
         if p * (k + o) < k * o:
             return "ghost"
         if m.groups > 1 or (p >= 100 and k >= 32):
@@ -142,6 +151,8 @@ class LayerKernels:
         positions = g.shape[2] * g.shape[3]
         if strategy == "auto":
             strategy = self.heuristic_conv_strategy(m, positions)
+        elif strategy == "polyphase" and self._polyphase_taps(m) is None:
+            strategy = "unfold"
         self.chosen_strategies[r.name] = strategy
         return strategy
 
@@ -167,6 +178,11 @@ class LayerKernels:
             step = self._chunk(per * m.groups, n)
             for s in range(0, n, step):
                 sq[s : s + step] += self._conv_ghost(m, a[s : s + step], g[s : s + step], padding)
+            return sq, kept
+        if strategy == "polyphase":
+            taps = self._polyphase_store(m, a, g, padding, sq)
+            if taps is not None:
+                kept[_param(m.weight)] = taps
             return sq, kept
         keep = n * numel * item <= self.keep_bytes
         store = g.new_empty(n, numel) if keep else None
@@ -229,6 +245,101 @@ class LayerKernels:
         go = g.reshape(n * groups, -1, p)
         return torch.bmm(go, u.transpose(1, 2)).reshape(n, m.out_channels, -1)
 
+    @staticmethod
+    def _polyphase_taps(m: nn.Conv2d) -> tuple[int, int] | None:
+        """``(Ti, Tj)``, the kernel taps per stride phase, or ``None`` where "polyphase" fails.
+
+        It needs each kernel dimension to be a multiple of its stride, and a dilation only
+        along a dimension of stride 1.
+        """
+        (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
+        if kh % sh or kw % sw or (dh != 1 and sh != 1) or (dw != 1 and sw != 1):
+            return None
+        return kh // sh, kw // sw
+
+    @staticmethod
+    def _shifted_phases(
+        m: nn.Conv2d, a: Tensor, padding: tuple[int, int], out_hw: tuple[int, int], tj: int
+    ) -> Tensor:
+        """Return the conv's input by stride phase, shifted along the width: ``(n, R, Hp Wo)``.
+
+        Row ``(c, r, q, j)`` (``R = C sh sw Tj``) and column ``(y', x)`` hold the padded input
+        at height ``y' sh + r`` and width ``(x + j dw) sw + q``, for ``y' < Hp = Ho + (Ti - 1)
+        dh`` and ``x < Wo``. Kernel position ``(i sh + r, j sw + q)`` at output ``(y, x)`` reads
+        ``y' = y + i dh``: for the kernel row tap ``i`` the unfolded input is the contiguous
+        column range ``[i dh Wo, i dh Wo + Ho Wo)`` of every row. One strided copy of ``Hp / (Ti
+        Ho)`` of the unfolded input's size (3,808 instead of 12,544 floats an example for the
+        MNIST CNN's first layer, 3,840 instead of 6,400 for its second).
+        """
+        if padding != (0, 0):
+            a = F.pad(a, (padding[1], padding[1], padding[0], padding[0]))
+        a = a.contiguous()
+        (sh, sw), (dh, dw) = m.stride, m.dilation
+        ho, wo = out_hw
+        ti = m.kernel_size[0] // sh
+        hp = ho + (ti - 1) * dh
+        n, c, _, width = a.shape
+        v = a.as_strided(
+            (n, c, sh, sw, tj, hp, wo),
+            (a.stride(0), a.stride(1), width, 1, dw * sw, sh * width, sw),
+        )
+        return v.reshape(n, c * sh * sw * tj, hp * wo)
+
+    def _polyphase_store(
+        self, m: nn.Conv2d, a: Tensor, g: Tensor, padding: tuple[int, int], sq: Tensor
+    ) -> Tensor | None:
+        """Add the weight's per-sample squared norms to ``sq`` by the "polyphase" strategy.
+
+        Per chunk of examples, one copy of :meth:`_shifted_phases` and, per kernel row tap
+        ``i``, one batched product of the output gradient ``(O, Ho Wo)`` with the tap's
+        contiguous column range of it: the per-sample gradient entries of kernel rows
+        ``i sh .. i sh + sh - 1``, with no unfolded input and no grouped convolution.
+
+        Returns:
+            The per-sample weight gradients ``(Ti, N, numel / Ti)`` (tap-major, see
+            :meth:`_polyphase_to_weight`) when they fit in ``keep_bytes``, else ``None``.
+        """
+        taps = self._polyphase_taps(m)
+        assert taps is not None  # checked by _resolve_conv_strategy
+        ti, tj = taps
+        n, out_channels, ho, wo = g.shape
+        groups, item = m.groups, g.element_size()
+        numel = m.weight.numel()
+        rows = numel // (out_channels * ti)  # R / groups: (C / groups) sh sw Tj
+        hp = ho + (ti - 1) * m.dilation[0]
+        per = (groups * rows * hp * wo + out_channels * ho * wo + numel) * item
+        step = self._chunk(per, n)
+        keep = n * numel * item <= self.keep_bytes
+        store = g.new_empty(ti, n if keep else step, numel // ti)
+        og, p = out_channels // groups, ho * wo
+        for s in range(0, n, step):
+            b = min(n, s + step) - s
+            w = self._shifted_phases(m, a[s : s + b], padding, (ho, wo), tj)
+            w = w.view(b * groups, rows, hp * wo)
+            gf = g[s : s + b].reshape(b * groups, og, p)
+            for i in range(ti):
+                out = store[i, s : s + b] if keep else store[i, :b]
+                start = i * m.dilation[0] * wo
+                torch.bmm(
+                    gf,
+                    w[:, :, start : start + p].transpose(1, 2),
+                    out=out.view(b * groups, og, rows),
+                )
+                sq[s : s + b] += out.square().sum(1)
+        return store if keep else None
+
+    @staticmethod
+    def _polyphase_to_weight(m: nn.Conv2d, taps: Tensor) -> Tensor:
+        """Reorder a tap-major ``(Ti, numel / Ti)`` sum of "polyphase" gradients.
+
+        The result has the weight's layout ``(O, C / groups, kh, kw)``: tap ``i``'s entry
+        ``(o, c, r, q, j)`` is kernel row ``i sh + r``, column ``j sw + q``.
+        """
+        (kh, kw), (sh, sw) = m.kernel_size, m.stride
+        ti, tj = kh // sh, kw // sw
+        t = taps.reshape(ti, m.out_channels, m.in_channels // m.groups, sh, sw, tj)
+        return t.permute(1, 2, 0, 3, 5, 4).reshape(m.weight.shape)
+
     def _conv_grouped_grads(
         self, m: nn.Conv2d, a: Tensor, g: Tensor, padding: tuple[int, int]
     ) -> Tensor:
@@ -270,7 +381,12 @@ class LayerKernels:
         m, a, g = w.record.module, w.record.activation, w.grad_output
         out: dict[nn.Parameter, Tensor] = {}
         for p, ps in w.kept.items():
-            out[p] = (c.to(ps.dtype) @ ps).view_as(p)
+            summed = c.to(ps.dtype) @ ps
+            if ps.dim() == 3:
+                assert isinstance(m, nn.Conv2d)
+                out[p] = self._polyphase_to_weight(m, summed)
+            else:
+                out[p] = summed.view_as(p)
         todo = {id(p) for _, p in _trainable(m) if p not in out}
         if not todo:
             return out
