@@ -159,6 +159,21 @@ def test_other_inputs_match_too(case):
         assert_same(pool(x), reference(x))
 
 
+@pytest.mark.parametrize(
+    ("name", "layers"), [("cnn_small", ["0", "3", "7"]), ("cnn", ["0", "3", "7", "9"])]
+)
+def test_models_use_it_and_keep_their_state_dict(name, layers):
+    model = build_model(name)
+    pools = [m for m in model.modules() if isinstance(m, nn.MaxPool2d)]
+    assert len(pools) == 2 and all(type(m) is FastMaxPool2d for m in pools)
+    assert all((m.kernel_size, m.stride) == (2, 1) for m in pools)
+    # The keys of the nn.MaxPool2d models: their checkpoints load, strictly, both ways.
+    assert list(model.state_dict()) == [f"{k}.{w}" for k in layers for w in ("weight", "bias")]
+    reference = with_nn_pooling(model)
+    model.load_state_dict(reference.state_dict())
+    reference.load_state_dict(model.state_dict())
+
+
 @pytest.mark.parametrize("name", ["cnn_small", "cnn"])
 @pytest.mark.parametrize("batch", [1, 10])
 def test_vmapped_local_steps_match(name, batch):
