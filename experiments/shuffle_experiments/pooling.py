@@ -21,13 +21,14 @@ forward pass on a channels-last copy of the input, and the backward pass through
 The fast path is taken for a floating-point ``N x C x H x W`` input on CPU with more than one
 channel and unit stride along the width (a contiguous batch, or one sample of a ``vmap`` over
 clients), without ``return_indices``; any other call is ``nn.MaxPool2d.forward`` itself (a
-channels-last input already gets the fast kernel there). It works under ``torch.func.grad``
-and ``torch.func.vmap`` (the vmap rule is generated from the same operations) and with Opacus
-and :mod:`shuffle_opacus.clipping`, which never look inside a layer without parameters.
-Forward-mode AD (``torch.func.jvp``) is not provided. When no gradient is recorded (evaluation)
-it runs the same forward pass without the ``autograd.Function``, whose Python overhead (tens of
-microseconds a call) makes the fast path slower than ``nn.MaxPool2d`` on small training
-batches (about 10 images of ``cnn_small``) outside ``vmap``.
+channels-last input already gets the fast kernel there). So is a small training call outside
+``torch.func`` transforms (:attr:`FastMaxPool2d.min_elements`): the ``autograd.Function``'s
+Python overhead outweighs the kernel's gain on a batch of about 10 images. The fast path works
+under ``torch.func.grad`` and ``torch.func.vmap`` (the vmap rule is generated from the same
+operations) and with Opacus and :mod:`shuffle_opacus.clipping`, which never look inside a
+layer without parameters; forward-mode AD (``torch.func.jvp``) is not provided. When no
+gradient is recorded (evaluation) it runs the same forward pass without the
+``autograd.Function``, faster than ``nn.MaxPool2d`` at every batch size.
 """
 
 from __future__ import annotations
@@ -123,14 +124,19 @@ class FastMaxPool2d(nn.MaxPool2d):
     Takes the arguments of ``nn.MaxPool2d`` (the experiment's CNNs use
     ``FastMaxPool2d(2, 1)``). The forward pass runs PyTorch's channels-last kernel on a
     channels-last copy of the input and the backward pass is ``nn.MaxPool2d``'s own with the
-    same indices (see :mod:`shuffle_experiments.pooling`), for a floating-point
-    ``N x C x H x W`` input on CPU with more than one channel and unit stride along the width
-    (a contiguous batch, or one sample of a ``vmap`` over the batched layout), without
-    ``return_indices``; any other call is ``nn.MaxPool2d.forward``. The output, the input's
+    same indices (see :mod:`shuffle_experiments.pooling` for when). The output, the input's
     gradient and their layouts are those of ``nn.MaxPool2d``, ties (the first maximal element
     of a window in row-major order gets the gradient) and NaN (the last NaN of a window)
     included.
     """
+
+    #: Outside ``torch.func`` transforms, a training call on fewer input elements than this
+    #: runs ``nn.MaxPool2d.forward``: the ``autograd.Function`` costs about 60 microseconds a
+    #: forward and backward pass, more than its kernel saves on ``cnn_small``'s batches of
+    #: 12 images or fewer (measured on one core: 1.3 times nn's time at 15,680 elements,
+    #: 0.6 times at 25,088). Under ``vmap`` a call pools the whole batch of clients at once and
+    #: ``numel`` counts one client's share, so there is no threshold there.
+    min_elements: int = 20_000
 
     def forward(self, input: Tensor) -> Tensor:
         """Pool ``input`` as ``nn.MaxPool2d`` does.
@@ -144,8 +150,11 @@ class FastMaxPool2d(nn.MaxPool2d):
         Raises:
             RuntimeError: for an input or geometry ``nn.MaxPool2d`` refuses (raised by it).
         """
-        if not _fast_path(input) or self.return_indices:
+        if self.return_indices or not _fast_path(input):
             return cast(Tensor, super().forward(input))
+        recorded = torch.is_grad_enabled() and input.requires_grad  # true under torch.func.grad
+        if recorded and input.numel() < self.min_elements and not _transformed():
+            return cast(Tensor, super().forward(input))  # a small batch: nn's kernel is faster
         geometry: _Geometry = (
             _pair(self.kernel_size),
             _pair(self.stride),
@@ -153,12 +162,20 @@ class FastMaxPool2d(nn.MaxPool2d):
             _pair(self.dilation),
             bool(self.ceil_mode),
         )
-        if not (torch.is_grad_enabled() and input.requires_grad):
-            # Nothing to differentiate (evaluation): the same forward pass, without the cost of
-            # an autograd.Function. (Under torch.func.grad, tracked tensors require grad.)
+        if not recorded:  # evaluation: the same forward pass, without an autograd.Function
             return _pool_channels_last(input, geometry)[0]
         output, _ = _ChannelsLastMaxPool.apply(input, *geometry)  # type: ignore[no-untyped-call]
         return cast(Tensor, output)
+
+
+def _transformed() -> bool:
+    """Whether a ``torch.func`` transform (``vmap``, ``grad``, ...) is active.
+
+    The check ``torch.autograd.Function.apply`` makes itself; if a torch version lacks it, every
+    call counts as transformed (the fast path, never a wrong result: both paths agree).
+    """
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return True if active is None else bool(active())
 
 
 def _fast_path(x: Tensor) -> bool:

@@ -12,12 +12,21 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 from opacus import GradSampleModule
+from shuffle_experiments import pooling
 from shuffle_experiments.models import build_model
 from shuffle_experiments.pooling import FastMaxPool2d
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from shuffle_opacus.clipping import FastGradientClipper
+
+MIN_ELEMENTS = FastMaxPool2d.min_elements
+
+
+@pytest.fixture(autouse=True)
+def every_size_takes_the_fast_path(monkeypatch):
+    # The tensors here are small; outside vmap a small training call runs nn's own kernel.
+    monkeypatch.setattr(FastMaxPool2d, "min_elements", 0)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -218,3 +227,25 @@ def test_per_sample_gradients_and_clipped_sums_match():
         sums.append([result.norms, result.factors, *(p.grad for p in module.parameters())])
     for mine, theirs in zip(*sums, strict=True):
         assert_same(mine, theirs)
+
+
+def test_which_path_a_call_takes(monkeypatch):
+    monkeypatch.setattr(FastMaxPool2d, "min_elements", MIN_ELEMENTS)
+    calls = []
+    apply = pooling._ChannelsLastMaxPool.apply
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return apply(*args)
+
+    monkeypatch.setattr(pooling._ChannelsLastMaxPool, "apply", counted)
+    pool = FastMaxPool2d(2, 1)
+    small, large = make_input("tanh", (10, 8, 14, 14)), make_input("tanh", (16, 8, 14, 14))
+    assert type(pool(small.requires_grad_()).grad_fn).__name__ == "MaxPool2DWithIndicesBackward0"
+    assert type(pool(large.requires_grad_()).grad_fn).__name__ == "_ChannelsLastMaxPoolBackward"
+    with torch.no_grad():  # evaluation: the channels-last forward pass, no autograd.Function
+        assert_same(pool(small), nn.MaxPool2d(2, 1)(small))
+    assert calls == [large.shape]
+    # Under vmap a call pools every client's batch at once: the fast path, whatever the size.
+    vmap(grad(lambda t: pool(t).sum()))(small.detach().unsqueeze(0).expand(3, -1, -1, -1, -1))
+    assert calls == [large.shape, small.shape]
