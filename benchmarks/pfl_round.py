@@ -4,10 +4,14 @@ Runs under an interpreter where ``pfl[pytorch]`` is installed (a separate virtua
 pfl pins its own dependencies), started by ``benchmarks/users.py`` as a round worker of
 ``benchmarks/timing.py``
 
-    PYTHON benchmarks/pfl_round.py THREADS CLIENTS EXAMPLES COHORT STEPS BATCH ROUNDS DATA.npz
+    PYTHON benchmarks/pfl_round.py THREADS CLIENTS EXAMPLES COHORT STEPS BATCH ROUNDS DATA [POOL]
+
+(DATA: an ``.npz`` file of images ``x`` and labels ``y``; POOL: ``nn``, the default, or ``fast``.)
 
 The model is ``cnn_small`` of the experiment (repeated here: this interpreter does not have the
-package), local SGD with learning rate 0.1, pfl's ``GaussianMechanism`` (clip each user's
+package) with ``nn.MaxPool2d``, or with POOL ``fast`` the experiment's ``FastMaxPool2d`` (same
+results bit for bit, loaded from ``experiments/shuffle_experiments/pooling.py``, which needs
+only torch), local SGD with learning rate 0.1, pfl's ``GaussianMechanism`` (clip each user's
 update to 1 and add noise of relative std 1) as the local privacy postprocessor, a central SGD
 step of learning rate 1; every round trains a cohort of exactly COHORT users (pfl draws them
 uniformly at random). pfl runs its own loop; a callback holds it at every round boundary until
@@ -18,9 +22,11 @@ other paths'. The last answer is the peak RSS.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("PFL_PYTORCH_DEVICE", "cpu")
 
@@ -39,18 +45,33 @@ from timing import answer, next_round, peak_rss_mib  # noqa: E402
 from torch import nn  # noqa: E402
 
 
+def pooling(kind: str) -> type[nn.MaxPool2d]:
+    """``nn.MaxPool2d`` for ``nn``, the experiment's ``FastMaxPool2d`` for ``fast``."""
+    if kind == "nn":
+        return nn.MaxPool2d
+    if kind != "fast":
+        raise SystemExit(f"pfl_round.py: POOL must be nn or fast, got {kind!r}")
+    path = Path(__file__).resolve().parents[1] / "experiments/shuffle_experiments/pooling.py"
+    spec = importlib.util.spec_from_file_location("shuffle_experiments_pooling", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # importable by name, should pfl copy the model
+    spec.loader.exec_module(module)
+    return module.FastMaxPool2d
+
+
 class Net(nn.Module):
     """``cnn_small`` with the ``loss`` and ``metrics`` methods pfl requires."""
 
-    def __init__(self) -> None:
+    def __init__(self, pool: type[nn.MaxPool2d] = nn.MaxPool2d) -> None:
         super().__init__()
         self.body = nn.Sequential(
             nn.Conv2d(1, 8, 8, stride=2, padding=3),
             nn.Tanh(),
-            nn.MaxPool2d(2, 1),
+            pool(2, 1),
             nn.Conv2d(8, 16, 4, stride=2),
             nn.Tanh(),
-            nn.MaxPool2d(2, 1),
+            pool(2, 1),
             nn.Flatten(),
             nn.Linear(16 * 4 * 4, 10),
         )
@@ -70,6 +91,7 @@ class Net(nn.Module):
 
 def main() -> None:
     threads, clients, examples, cohort, steps, batch, rounds = map(int, sys.argv[1:8])
+    pool = pooling(sys.argv[9] if len(sys.argv) > 9 else "nn")
     torch.set_num_threads(threads)
     data = np.load(sys.argv[8])
     x, y = data["x"], data["y"]
@@ -79,7 +101,7 @@ def main() -> None:
     }
     federated = FederatedDataset.from_slices(slices, get_user_sampler("random", list(slices)))
     torch.manual_seed(0)
-    net = Net()
+    net = Net(pool)
     model = PyTorchModel(
         model=net,
         local_optimizer_create=torch.optim.SGD,

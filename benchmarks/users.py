@@ -31,7 +31,10 @@ same clients on the same mini-batches (the round index seeds both). Paths:
 * ``pfl 0.6``: Apple's pfl (``benchmarks/pfl_round.py``) under ``--pfl-python`` (its own
   virtual environment; a round worker held at each round boundary), FedAvg with its local
   ``GaussianMechanism`` on a cohort of exactly 100; skipped with a message when that
-  interpreter is missing or pfl does not import;
+  interpreter is missing or pfl does not import. Its model pools with ``nn.MaxPool2d``;
+* ``pfl 0.6, FastMaxPool2d``: the same with the experiment's ``FastMaxPool2d`` (the pooling our
+  ``cnn_small`` uses; the same numbers bit for bit, a faster forward pass on large batches), for
+  a comparison on the same model code;
 * ``Flower objects in one process`` (only with ``--paths``):
   :class:`~shuffle_opacus.flower.ShuffleCheckInFedAvg`, a ``ClientApp`` with
   :class:`~shuffle_opacus.flower.LocalShuffleDPMod` doing the same local training, on
@@ -86,6 +89,7 @@ LOSS = functools.partial(F.cross_entropy, reduction="none")
 CLIENT_LR = 0.1
 BASELINE = "ours, private round"
 SIMULATION = "Flower simulation"
+FAST_PFL = "pfl 0.6, FastMaxPool2d"
 
 
 @functools.lru_cache(maxsize=2)
@@ -284,7 +288,7 @@ def deepcopy_loop(args: argparse.Namespace, rounds: int) -> Callable[[int], dict
     return run
 
 
-def pfl_worker(args: argparse.Namespace, rounds: int) -> RoundWorker | str:
+def pfl_worker(args: argparse.Namespace, rounds: int, pool: str = "nn") -> RoundWorker | str:
     python = Path(args.pfl_python)
     if not python.exists():
         return f"skipped: {python} does not exist (install pfl[pytorch] in its own venv)"
@@ -298,7 +302,7 @@ def pfl_worker(args: argparse.Namespace, rounds: int) -> RoundWorker | str:
         str(python),
         str(ROOT / "benchmarks" / "pfl_round.py"),
         *map(str, [args.threads_now, args.clients, args.examples, cohort_of(args, args.clients)]),
-        *map(str, [args.steps, args.batch, rounds, path]),
+        *map(str, [args.steps, args.batch, rounds, path, pool]),
     ]
     return RoundWorker(command, env=thread_env(args.threads_now))
 
@@ -460,6 +464,7 @@ PATHS: dict[str, Callable[[argparse.Namespace, int], Any]] = {
     "plain per-client loop": plain_loop,
     "per-client loop, deepcopy": deepcopy_loop,
     "pfl 0.6": pfl_worker,
+    FAST_PFL: functools.partial(pfl_worker, pool="fast"),
     "Flower objects in one process": flower_inprocess,
 }
 DEFAULT_PATHS = [n for n in PATHS if n != "Flower objects in one process"]
@@ -494,6 +499,8 @@ def summarise(result: dict[str, Any]) -> list[str]:
         (BASELINE, "torch.func vmap floor"),
         ("ours, local training only", "torch.func vmap floor"),
         ("pfl 0.6", "torch.func vmap floor"),
+        (FAST_PFL, BASELINE),
+        (FAST_PFL, "pfl 0.6"),
         ("per-client loop, deepcopy", "plain per-client loop"),
         ("plain per-client loop", BASELINE),
         ("Flower objects in one process", BASELINE),
@@ -514,6 +521,9 @@ def summarise(result: dict[str, Any]) -> list[str]:
         if "torch.func vmap floor" in table:
             floor = table["pfl 0.6"]["median"] / table["torch.func vmap floor"]["median"]
             lines.append(f"  the vmap floor itself is {floor:.2f}x pfl's speed")
+        if FAST_PFL in table:
+            fast = table[FAST_PFL]["median"] / table[BASELINE]["median"]
+            lines.append(f"  against pfl with the same pooling (FastMaxPool2d): {fast:.2f}x")
     if result["busy"]:
         lines.append("BUSY: " + "; ".join(result["busy_reasons"]))
     return lines

@@ -1,8 +1,15 @@
-"""Models for the MNIST experiment (inputs ``N x 1 x 28 x 28``, 10 logits)."""
+"""Models for the MNIST experiment (inputs ``N x 1 x 28 x 28``, 10 logits).
+
+The CNNs pool with :class:`~shuffle_experiments.pooling.FastMaxPool2d`, an ``nn.MaxPool2d``
+whose results are the same bit for bit and whose CPU forward pass is faster: the models, their
+``state_dict`` keys and every number they produce are those of ``nn.MaxPool2d(2, 1)``.
+"""
 
 from __future__ import annotations
 
 from torch import nn
+
+from .pooling import FastMaxPool2d
 
 __all__ = ["MODELS", "build_model"]
 
@@ -16,10 +23,10 @@ def cnn() -> nn.Module:
     return nn.Sequential(
         nn.Conv2d(1, 16, 8, stride=2, padding=3),
         nn.Tanh(),
-        nn.MaxPool2d(2, 1),
+        FastMaxPool2d(2, 1),
         nn.Conv2d(16, 32, 4, stride=2),
         nn.Tanh(),
-        nn.MaxPool2d(2, 1),
+        FastMaxPool2d(2, 1),
         nn.Flatten(),
         nn.Linear(32 * 4 * 4, 32),
         nn.Tanh(),
@@ -37,10 +44,10 @@ def cnn_small() -> nn.Module:
     return nn.Sequential(
         nn.Conv2d(1, 8, 8, stride=2, padding=3),
         nn.Tanh(),
-        nn.MaxPool2d(2, 1),
+        FastMaxPool2d(2, 1),
         nn.Conv2d(8, 16, 4, stride=2),
         nn.Tanh(),
-        nn.MaxPool2d(2, 1),
+        FastMaxPool2d(2, 1),
         nn.Flatten(),
         nn.Linear(16 * 4 * 4, 10),
     )
