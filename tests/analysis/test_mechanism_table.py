@@ -77,3 +77,19 @@ def test_the_front_door_has_one_entry_per_family() -> None:
         assert f"{family}_epsilon" in names
     assert "CATALOGUE" not in names and not hasattr(analysis, "CATALOGUE")
     assert len(names) <= 25
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "parameters"),
+    [
+        ("clones", {"n": 1000, "eps0": 1.0}),
+        ("clones-gaussian", {"n": 1000, "sigma": 2.0, "rate": 0.1}),
+        ("ldp-shuffle", {"n": 1000, "eps0": 1.0}),
+        ("krr", {"n": 1000, "k": 4, "gamma": 0.5}),
+    ],
+)
+def test_mechanisms_accounted_as_a_whole_state_their_assumptions(mechanism, parameters) -> None:
+    # Their table records leave the assumptions to the results (they depend on the method).
+    (result,) = account(mechanism, parameters, steps=[1], delta=1e-6)
+    assert result.neighbouring == "replace-one user"
+    assert any("shuffle" in a or "shuffled" in a for a in result.assumptions), result.assumptions

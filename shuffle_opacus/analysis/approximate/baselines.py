@@ -235,6 +235,23 @@ def composed_epsilons(
 _COMPOSITION = "optimal (Kairouz-Oh-Viswanath)"
 
 
+def _clones_assumptions(gaussian: bool, rate: float | None) -> tuple[str, ...]:
+    """Return what a clones result rests on besides replace-one adjacency."""
+    report = (
+        "every user adds Gaussian noise of this sigma (relative to the diameter of the input "
+        "domain) to its own report"
+        if gaussian
+        else "every user's report comes from an eps0-LDP local randomiser"
+    )
+    out = (
+        report,
+        "the shuffle is secret: the server sees the reports only as an anonymous multiset",
+    )
+    if rate is not None:
+        out += ("the check-in coins are secret: no adversary knows which users report in a round",)
+    return out
+
+
 def clones_results(
     *,
     n: int,
@@ -305,6 +322,7 @@ def clones_results(
                 neighbouring="replace-one user",
                 epsilon_lower=lower,
                 note=note,
+                assumptions=_clones_assumptions(gaussian, rate),
                 extra={"composition": "none" if count == 1 else _COMPOSITION},
             )
         )
