@@ -243,7 +243,7 @@ def _clones_assumptions(gaussian: bool, rate: float | None) -> tuple[str, ...]:
         if gaussian
         else "every user's report comes from an eps0-LDP local randomiser"
     )
-    out = (
+    out: tuple[str, ...] = (
         report,
         "the shuffle is secret: the server sees the reports only as an anonymous multiset",
     )
