@@ -238,6 +238,53 @@ def test_polyphase_matches_torch_func_per_sample_gradients(
                 torch.testing.assert_close(summed[p], expected, rtol=1e-12, atol=1e-12)
 
 
+def test_reused_buffers_do_not_leak_between_calls() -> None:
+    """One clipper over calls of other sizes, image sizes and dtypes gives a fresh clipper's bits.
+
+    The per-sample buffers and the stride-phase index are kept from call to call (per layer,
+    dtype and input shape); a stale one would give other numbers or fail. After
+    ``release_workspace`` the buffers are gone and the numbers are still the same.
+    """
+
+    def model() -> nn.Module:
+        torch.manual_seed(5)
+        return nn.Sequential(
+            nn.Conv2d(2, 4, 4, stride=2, padding=1),
+            nn.Tanh(),
+            nn.Conv2d(4, 6, 4, stride=2),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(6, 3),
+        )
+
+    def run(clipper: FastGradientClipper, n: int, size: int, dtype: torch.dtype) -> list:
+        torch.manual_seed(n * 100 + size)
+        x = torch.randn(n, 2, size, size, dtype=dtype)
+        y = torch.randint(0, 3, (n,))
+        clipper.module.to(dtype)
+        result = clipper.clipped_sum(x, y, F.cross_entropy, SMALL_C)
+        return [result.norms, *(p.grad.clone() for p in clipper.parameters)]
+
+    shared = FastGradientClipper(model(), conv_strategy="polyphase")
+    calls = [(9, 16, torch.float64), (4, 16, torch.float64), (9, 20, torch.float32),
+             (12, 16, torch.float32), (3, 20, torch.float64)]  # fmt: skip
+    for i, (n, size, dtype) in enumerate(calls):
+        if i == 3:
+            assert shared._workspaces
+            shared.release_workspace()
+            assert not shared._workspaces
+        got = run(shared, n, size, dtype)
+        fresh = FastGradientClipper(model(), conv_strategy="polyphase")
+        expected = run(fresh, n, size, dtype)
+        fresh.remove()
+        assert shared.chosen_strategies == {"0": "polyphase", "2": "polyphase"}
+        for a, b in zip(got, expected, strict=True):
+            assert a.dtype == dtype
+            assert torch.equal(a, b), (n, size, dtype)
+    shared.remove()
+    assert not shared._workspaces
+
+
 def test_auto_strategy_choices() -> None:
     """``auto`` takes polyphase for both MNIST CNN layers; polyphase falls back where it fails."""
     model = cnn()

@@ -125,6 +125,9 @@ class FastGradientClipper(LayerKernels):
         self._layers: dict[nn.Module, str] = {}
         self._params: list[nn.Parameter] = []
         self._conv_strategy: dict[nn.Module, str] = {}
+        self._phase_indices: dict[tuple[object, ...], torch.Tensor] = {}
+        self._workspaces: dict[tuple[object, ...], torch.Tensor] = {}
+        self._layer_params: dict[nn.Module, list[nn.Parameter]] = {}
         #: Layer name -> conv strategy used by the latest call (for inspection).
         self.chosen_strategies: dict[str, str] = {}
         self._validate_and_collect(default, strategies)
@@ -165,6 +168,7 @@ class FastGradientClipper(LayerKernels):
                 seen.add(id(p))
                 self._params.append(p)
             self._layers[m] = name
+            self._layer_params[m] = [p for _, p in own]
             if isinstance(m, nn.Conv2d):
                 self._conv_strategy[m] = strategies.pop(name, default)
         if strategies:
@@ -176,10 +180,21 @@ class FastGradientClipper(LayerKernels):
         return list(self._params)
 
     def remove(self) -> None:
-        """Remove the forward hooks from the module."""
+        """Remove the forward hooks from the module and free the reused buffers."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self.release_workspace()
+
+    def release_workspace(self) -> None:
+        """Free the buffers kept between calls (the next call allocates them again).
+
+        The per-sample work of a layer reuses its buffers from one call (micro-batch) to the
+        next: at most ``keep_bytes`` of kept per-sample gradients per layer plus one chunk's
+        working set (``chunk_bytes``). Call this between phases of a long job to give that
+        memory back; results do not change.
+        """
+        self._workspaces.clear()
 
     def __enter__(self) -> FastGradientClipper:
         return self

@@ -60,6 +60,28 @@ class LayerKernels:
     chunk_bytes: int
     chosen_strategies: dict[str, str]
     _conv_strategy: dict[nn.Module, str]
+    _phase_indices: dict[tuple[object, ...], Tensor]
+    _workspaces: dict[tuple[object, ...], Tensor]
+    _layer_params: dict[nn.Module, list[nn.Parameter]]
+
+    def _workspace(self, m: nn.Module, role: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """Return an uninitialised buffer of ``shape``, reused by later calls for ``(m, role)``.
+
+        The per-sample work of a layer needs the same large buffers at every micro-batch;
+        allocating them afresh costs page faults on CPU, because the allocator hands large
+        freed blocks back to the system. A buffer grows when a call needs more and lives
+        until ``release_workspace``; its contents are dead between calls, so a clipper must
+        not run in two threads at once.
+        """
+        numel = 1
+        for d in shape:
+            numel *= d
+        key = (m, role, like.dtype, like.device)
+        buf = self._workspaces.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = like.new_empty(numel)
+            self._workspaces[key] = buf
+        return buf[:numel].view(shape)
 
     def _chunk(self, per_sample_bytes: int, n: int) -> int:
         return max(1, min(n, self.chunk_bytes // max(1, per_sample_bytes)))
@@ -258,22 +280,17 @@ class LayerKernels:
         return kh // sh, kw // sw
 
     @staticmethod
-    def _shifted_phases(
-        m: nn.Conv2d, a: Tensor, padding: tuple[int, int], out_hw: tuple[int, int], tj: int
-    ) -> Tensor:
-        """Return the conv's input by stride phase, shifted along the width: ``(n, R, Hp Wo)``.
+    def _shifted_phases(m: nn.Conv2d, a: Tensor, out_hw: tuple[int, int], tj: int) -> Tensor:
+        """View the padded input by stride phase, shifted along the width: ``(n, R, Hp Wo)``.
 
         Row ``(c, r, q, j)`` (``R = C sh sw Tj``) and column ``(y', x)`` hold the padded input
         at height ``y' sh + r`` and width ``(x + j dw) sw + q``, for ``y' < Hp = Ho + (Ti - 1)
         dh`` and ``x < Wo``. Kernel position ``(i sh + r, j sw + q)`` at output ``(y, x)`` reads
         ``y' = y + i dh``: for the kernel row tap ``i`` the unfolded input is the contiguous
-        column range ``[i dh Wo, i dh Wo + Ho Wo)`` of every row. One strided copy of ``Hp / (Ti
-        Ho)`` of the unfolded input's size (3,808 instead of 12,544 floats an example for the
-        MNIST CNN's first layer, 3,840 instead of 6,400 for its second).
+        column range ``[i dh Wo, i dh Wo + Ho Wo)`` of every row. ``Hp / (Ti Ho)`` of the
+        unfolded input's size (3,808 instead of 12,544 floats an example for the MNIST CNN's
+        first layer, 3,840 instead of 6,400 for its second). ``a`` must be contiguous.
         """
-        if padding != (0, 0):
-            a = F.pad(a, (padding[1], padding[1], padding[0], padding[0]))
-        a = a.contiguous()
         (sh, sw), (dh, dw) = m.stride, m.dilation
         ho, wo = out_hw
         ti = m.kernel_size[0] // sh
@@ -285,15 +302,41 @@ class LayerKernels:
         )
         return v.reshape(n, c * sh * sw * tj, hp * wo)
 
+    def _phase_index(
+        self,
+        m: nn.Conv2d,
+        shape: torch.Size,
+        out_hw: tuple[int, int],
+        tj: int,
+        device: torch.device,
+    ) -> Tensor:
+        """Positions, in one flattened padded example, of its shifted phases by columns.
+
+        Entry ``(g, col, row)`` of the (flattened) result is the position that
+        :meth:`_shifted_phases` puts at row ``g R / groups + row``, column ``col``. One
+        ``index_select`` with it is about three times faster on CPU than copying the strided
+        view (whose innermost stride is ``sw``), and its columns-by-rows layout is what the
+        per-tap products read without a copy. Cached per layer, input shape and device.
+        """
+        key = (m, tuple(shape), out_hw, device)
+        index = self._phase_indices.get(key)
+        if index is None:
+            positions = torch.arange(shape.numel(), device=device).view(1, *shape)
+            rows = self._shifted_phases(m, positions, out_hw, tj)[0]
+            index = rows.view(m.groups, -1, rows.shape[1]).transpose(1, 2).reshape(-1)
+            self._phase_indices[key] = index
+        return index
+
     def _polyphase_store(
         self, m: nn.Conv2d, a: Tensor, g: Tensor, padding: tuple[int, int], sq: Tensor
     ) -> Tensor | None:
         """Add the weight's per-sample squared norms to ``sq`` by the "polyphase" strategy.
 
-        Per chunk of examples, one copy of :meth:`_shifted_phases` and, per kernel row tap
-        ``i``, one batched product of the output gradient ``(O, Ho Wo)`` with the tap's
-        contiguous column range of it: the per-sample gradient entries of kernel rows
-        ``i sh .. i sh + sh - 1``, with no unfolded input and no grouped convolution.
+        Per chunk of examples, one gather of the shifted phases (:meth:`_phase_index`) and,
+        per kernel row tap ``i``, one batched product of the output gradient ``(O, Ho Wo)``
+        with the tap's contiguous column range of them: the per-sample gradient entries of
+        kernel rows ``i sh .. i sh + sh - 1``, with no unfolded input and no grouped
+        convolution. The buffers are reused from call to call (:meth:`_workspace`).
 
         Returns:
             The per-sample weight gradients ``(Ti, N, numel / Ti)`` (tap-major, see
@@ -310,22 +353,32 @@ class LayerKernels:
         per = (groups * rows * hp * wo + out_channels * ho * wo + numel) * item
         step = self._chunk(per, n)
         keep = n * numel * item <= self.keep_bytes
-        store = g.new_empty(ti, n if keep else step, numel // ti)
+        store = self._workspace(m, "grads", (ti, n if keep else step, numel // ti), g)
+        square = self._workspace(m, "square", (step, numel // ti), g)
         og, p = out_channels // groups, ho * wo
+        starts = [i * m.dilation[0] * wo for i in range(ti)]
+        phases: Tensor | None = None
+        index = torch.empty(0, dtype=torch.long)
         for s in range(0, n, step):
             b = min(n, s + step) - s
-            w = self._shifted_phases(m, a[s : s + b], padding, (ho, wo), tj)
-            w = w.view(b * groups, rows, hp * wo)
+            x = a[s : s + b]
+            if padding != (0, 0):
+                x = F.pad(x, (padding[1], padding[1], padding[0], padding[0]))
+            else:
+                # A fresh copy, read in order, brings the chunk into cache: the gather below
+                # then runs three times faster than from the layer's input in main memory.
+                x = x.clone(memory_format=torch.contiguous_format)
+            if phases is None:
+                index = self._phase_index(m, x.shape[1:], (ho, wo), tj, x.device)
+                phases = self._workspace(m, "phases", (step, index.numel()), g)
+            w = torch.index_select(x.view(b, -1), 1, index, out=phases[:b])
+            w = w.view(b * groups, hp * wo, rows)
             gf = g[s : s + b].reshape(b * groups, og, p)
-            for i in range(ti):
+            part = sq[s : s + b]
+            for i, first in enumerate(starts):
                 out = store[i, s : s + b] if keep else store[i, :b]
-                start = i * m.dilation[0] * wo
-                torch.bmm(
-                    gf,
-                    w[:, :, start : start + p].transpose(1, 2),
-                    out=out.view(b * groups, og, rows),
-                )
-                sq[s : s + b] += out.square().sum(1)
+                torch.bmm(gf, w[:, first : first + p], out=out.view(b * groups, og, rows))
+                part += torch.mul(out, out, out=square[:b]).sum(1)
         return store if keep else None
 
     @staticmethod
@@ -387,7 +440,7 @@ class LayerKernels:
                 out[p] = self._polyphase_to_weight(m, summed)
             else:
                 out[p] = summed.view_as(p)
-        todo = {id(p) for _, p in _trainable(m) if p not in out}
+        todo = {id(p) for p in self._layer_params[m] if p not in out}
         if not todo:
             return out
         c = c.to(g.dtype)
