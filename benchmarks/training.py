@@ -40,6 +40,12 @@ virtual steps (``signal_skip_step`` on every chunk but the last), so a round is 
 step over all its participants and one accountant step; non-private rounds accumulate the
 chunks' gradients weighted to the batch's mean loss. Chunking keeps the working set in cache.
 
+``--floor`` adds ``floor`` rows (not private): ``fast``'s round with its per-sample norms and
+clipped sums replaced by zeros, so forward pass, backward pass to the layer outputs, noise, step
+and accountant only. ``fast`` minus ``floor`` at the same setting is what the per-sample work
+costs; ``floor`` against the best non-private row bounds what any exact method that
+differentiates to the layer outputs can reach. ``--modes fast`` leaves out Opacus's modes.
+
 The ratio column divides a row's median samples/s by the plain (unchunked) non-private row's at
 the same B. The summary compares the fastest private row with the fastest non-private row,
 whole rounds against whole rounds and each side at its best setting ("best against best"),
@@ -52,6 +58,7 @@ Usage::
     python benchmarks/training.py --json out.json    # also write the results as JSON
     python benchmarks/training.py --micro-batch 0    # only the unchunked rounds
     python benchmarks/training.py --threads 2        # two threads, not pinned
+    python benchmarks/training.py --batches 6000 --modes fast --floor   # the goal and its floor
 """
 
 from __future__ import annotations
@@ -87,6 +94,7 @@ LR = 0.1
 GOAL = 0.80
 DEFAULT_MICRO_BATCHES = (200, 500)
 NON_PRIVATE = "non-private"
+FLOOR = "floor"
 
 
 def timed_rounds(batch: int, quick: bool) -> int:
@@ -168,6 +176,25 @@ def private_step(model, optimizer, xb, yb, micro_batch: int | None) -> None:
             optimizer.zero_grad()
 
 
+def outputs_only(clipper: Any) -> None:
+    """Make ``clipper`` stop after the backward pass to the layer outputs (the "floor" rows).
+
+    What stays is everything the fast clipper's round shares with any exact method that
+    differentiates to the layer outputs: the forward pass with its hooks, the backward pass to
+    the outputs, the noise, the step and the accountant. The per-sample norms and clipped sums
+    are replaced by zeros, so these rounds are **not private**: they measure what the
+    per-sample work adds on top of them (``fast`` minus ``floor`` at the same setting).
+    """
+    import torch
+
+    def clip_records(records, root, root_grad, max_norm, n):  # noqa: ARG001 - same signature
+        torch.autograd.grad(root, [r.output for r in records], grad_outputs=root_grad)
+        zeros = torch.zeros(n, dtype=root.dtype)
+        return zeros, zeros, {p: torch.zeros_like(p) for p in clipper.parameters}
+
+    clipper.clip_records = clip_records
+
+
 def build_rounds(
     model_name: str, x, y, batch: int, rounds: int, mode: str, micro_batch: int | None
 ) -> Callable[[int], dict[str, Any]]:
@@ -198,6 +225,7 @@ def build_rounds(
     else:
         loader = DataLoader(TensorDataset(x, y), batch_size=batch)
         engine = PrivacyEngine(accountant="shuffled_checkin")
+        floor = mode == FLOOR
         model, optimizer, loader = shuffle_opacus.make_private(
             engine,
             module=model,
@@ -209,8 +237,10 @@ def build_rounds(
             rounds=rounds,
             seed=0,
             sensitivity="paper",
-            grad_sample_mode=mode,
+            grad_sample_mode="fast" if floor else mode,
         )
+        if floor:
+            outputs_only(model.clipper)
         step = private_step
         order = (torch.as_tensor(i, dtype=torch.long) for i in loader.batch_sampler)
     done = [0]
@@ -277,7 +307,8 @@ def measure_batch(
     ``cpu`` once all of them are ready, before the first round.
     """
     micro = (None, *(k for k in args.micro_batch if k))
-    configs = [(mode, mb) for mb in micro for mode in (NON_PRIVATE, *PRIVATE_MODES)]
+    modes = (NON_PRIVATE, *args.modes, *((FLOOR,) if args.floor else ()))
+    configs = [(mode, mb) for mb in micro for mode in modes]
     rounds = args.rounds or timed_rounds(batch, args.quick)
     total = WARMUP + rounds
     env = thread_env(args.threads)
@@ -346,7 +377,7 @@ def summary(result: dict[str, Any]) -> list[dict[str, Any]]:
     def best(names: list[str]) -> str:
         return max(names, key=lambda n: table[n]["samples_per_s"]["median"])
 
-    private = [n for n in table if not n.startswith(NON_PRIVATE)]
+    private = [n for n in table if not n.startswith((NON_PRIVATE, FLOOR))]
     public = [n for n in table if n.startswith(NON_PRIVATE)]
     for title, mine, theirs in (
         ("whole rounds", [n for n in private if "/mb" not in n], [NON_PRIVATE]),
@@ -374,6 +405,37 @@ def summary(result: dict[str, Any]) -> list[dict[str, Any]]:
             f"{b} ({rb['median']:.0f}); per round {min(per_round):.0%}-{max(per_round):.0%}; "
             f">= {GOAL:.0%}: {verdict}"
         )
+    floors = [n for n in table if n.startswith(FLOOR)]
+    if floors and private and public:
+        f, b, a = best(floors), best(public), best(private)
+        mine = a.split("/", 1)[1] if "/" in a else None
+        same = f"{FLOOR}/{mine}" if mine else FLOOR
+        per_sample = None
+        if same in table:
+            per_sample = statistics.median(table[a]["seconds"]) - statistics.median(
+                table[same]["seconds"]
+            )
+        rf, rb = table[f]["samples_per_s"]["median"], table[b]["samples_per_s"]["median"]
+        line = {
+            "comparison": "floor (not private: forward + backward to the layer outputs, step)",
+            "floor": f,
+            "non_private": b,
+            "ratio_of_medians": rf / rb,
+            "per_sample_work_s": per_sample,
+        }
+        out.append(line)
+        shown = (
+            ""
+            if per_sample is None
+            else (
+                f"; the per-sample work of {a} takes {per_sample * 1e3:.0f} ms a round "
+                f"({a} minus {same})"
+            )
+        )
+        print(
+            f"B={result['batch']}, floor without per-sample work (not private): {f} "
+            f"{rf:.0f} samples/s = {rf / rb:.0%} of {b} ({rb:.0f}){shown}"
+        )
     if result["busy"]:
         print("BUSY: " + "; ".join(result["busy_reasons"]))
     return out
@@ -396,6 +458,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--threads", type=int, default=1, help="threads (default 1: pinned to one CPU)"
+    )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=PRIVATE_MODES,
+        default=list(PRIVATE_MODES),
+        help="private modes to run (default all four)",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run 'floor' rows: fast's round without its per-sample work (not private)",
     )
     parser.add_argument("--batches", type=int, nargs="+", help="values of B (default 600 6000)")
     parser.add_argument("--rounds", type=int, help="timed rounds (default 8 at B <= 600, else 6)")
