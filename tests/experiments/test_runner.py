@@ -252,16 +252,21 @@ def test_micro_batches_give_the_unchunked_round(tmp_path):
     # clipped sum (fast) in chunks of 7. The clipped sum, the noise (same generator state) and
     # the step must be equal up to rounding.
     # A small step, so that the noisy model stays where rounding differences stay small.
-    calm = "optimizer.lr=0.05"
+    # Four rounds: each compares a whole round of about 50 reports with its chunks.
+    calm = ["optimizer.lr=0.05", "training.rounds=4", "training.eval_every=4",
+            "training.checkpoint_every=4"]  # fmt: skip
     a = runner.run(
-        tiny_config(tmp_path, "training.micro_batch=null", "training.grad_sample_mode=hooks", calm),
+        tiny_config(
+            tmp_path, "training.micro_batch=null", "training.grad_sample_mode=hooks", *calm
+        ),
         run_dir=tmp_path / "a", progress=False,
     )  # fmt: skip
     b = runner.run(
-        tiny_config(tmp_path, "training.micro_batch=7", "training.grad_sample_mode=fast", calm),
+        tiny_config(tmp_path, "training.micro_batch=7", "training.grad_sample_mode=fast", *calm),
         run_dir=tmp_path / "b", progress=False,
     )  # fmt: skip
     ra, rb = read_rows(a.run_dir), read_rows(b.run_dir)
+    assert len(ra) == 4
     assert [r["participants"] for r in ra] == [r["participants"] for r in rb]
     for x, y in zip(ra, rb, strict=True):
         assert float(x["train_loss"]) == pytest.approx(float(y["train_loss"]), rel=1e-5)
@@ -272,9 +277,14 @@ def test_micro_batches_give_the_unchunked_round(tmp_path):
 
 
 def test_different_seed_gives_different_run(tmp_path):
-    a = runner.run(tiny_config(tmp_path), run_dir=tmp_path / "a", progress=False)
-    b = runner.run(tiny_config(tmp_path, "seed=1"), run_dir=tmp_path / "b", progress=False)
-    assert read_rows(a.run_dir) != read_rows(b.run_dir)
+    # Two rounds show it: the seed draws the first round's reports and the model's weights.
+    short = ["training.rounds=2", "training.eval_every=2", "training.checkpoint_every=2"]
+    a = runner.run(tiny_config(tmp_path, *short), run_dir=tmp_path / "a", progress=False)
+    b = runner.run(tiny_config(tmp_path, *short, "seed=1"), run_dir=tmp_path / "b", progress=False)
+    rows_a, rows_b = read_rows(a.run_dir), read_rows(b.run_dir)
+    assert len(rows_a) == len(rows_b) == 2
+    assert rows_a[0]["participants"] != rows_b[0]["participants"]
+    assert rows_a[0]["train_loss"] != rows_b[0]["train_loss"]
 
 
 @pytest.mark.parametrize(
