@@ -357,8 +357,10 @@ class LayerKernels:
         square = self._workspace(m, "square", (step, numel // ti), g)
         og, p = out_channels // groups, ho * wo
         starts = [i * m.dilation[0] * wo for i in range(ti)]
-        phases: Tensor | None = None
-        index = torch.empty(0, dtype=torch.long)
+        channels, height, width = a.shape[1:]
+        padded = torch.Size((channels, height + 2 * padding[0], width + 2 * padding[1]))
+        index = self._phase_index(m, padded, (ho, wo), tj, a.device)
+        phases = self._workspace(m, "phases", (step, index.numel()), g)
         for s in range(0, n, step):
             b = min(n, s + step) - s
             x = a[s : s + b]
@@ -368,9 +370,6 @@ class LayerKernels:
                 # A fresh copy, read in order, brings the chunk into cache: the gather below
                 # then runs three times faster than from the layer's input in main memory.
                 x = x.clone(memory_format=torch.contiguous_format)
-            if phases is None:
-                index = self._phase_index(m, x.shape[1:], (ho, wo), tj, x.device)
-                phases = self._workspace(m, "phases", (step, index.numel()), g)
             w = torch.index_select(x.view(b, -1), 1, index, out=phases[:b])
             w = w.view(b * groups, hp * wo, rows)
             gf = g[s : s + b].reshape(b * groups, og, p)
