@@ -71,7 +71,7 @@ def test_bad_arguments(tmp_path, kwargs, text):
 
 
 def test_flwr_run_simulation_both_modes(tmp_path):
-    """8 nodes: 3 trusted-server rounds, then 3 secure-aggregation rounds, one ``flwr run``.
+    """8 nodes: 2 trusted-server rounds, then 2 secure-aggregation rounds, one ``flwr run``.
 
     In the second part every round is one SecAgg+ run (set-up, key sharing, masked vectors,
     unmasking) over all 8 nodes; each node draws its own coin, so the secure count is any
@@ -86,7 +86,7 @@ def test_flwr_run_simulation_both_modes(tmp_path):
         "num-nodes": nodes,
         "rate": rate,
         "noise-multiplier": sigma,
-        "num-server-rounds": 3,
+        "num-server-rounds": 2,
         "checkin-seed": 0,
         "round-timeout": 60.0,
         "out-dir": str(out),
@@ -96,7 +96,7 @@ def test_flwr_run_simulation_both_modes(tmp_path):
     with federation:
         console: list[str] = []
         outcome = federation.run(
-            TINY_APP, config, timeout=120, on_line=RoundPrinter(console.append, total=3)
+            TINY_APP, config, timeout=120, on_line=RoundPrinter(console.append, total=2)
         )
         marker_pids = _marked(federation._token)
     log = outcome.log_path.read_text(errors="replace")
@@ -106,11 +106,11 @@ def test_flwr_run_simulation_both_modes(tmp_path):
     assert not [pid for pid in marker_pids if _alive(pid)]
     assert not [pid for pid in _marked(federation._token) if _alive(pid)]
     assert log.count(f"start-up check: all {nodes} nodes accept the privacy parameters") == 2
-    assert log.count("Secure aggregation completed.") == 3
+    assert log.count("Secure aggregation completed.") == 2
     # The log is named by the run id, and the console got a line per round while it ran (the
     # trusted-server part's rounds, then the secure-aggregation part's).
     assert outcome.log_path.name == f"run-{outcome.run_id}.log"
-    assert [line.split(":")[0] for line in console] == ["round 1/3", "round 2/3", "round 3/3"] * 2
+    assert [line.split(":")[0] for line in console] == ["round 1/2", "round 2/2"] * 2
     (result_file,) = out.iterdir()
     record = json.loads(result_file.read_text())
     trusted, secagg = record["trusted-server"], record["secagg"]
@@ -120,14 +120,14 @@ def test_flwr_run_simulation_both_modes(tmp_path):
             [(sigma, rate, rounds)], protocol="checkin", delta=1e-5, population=nodes
         ).epsilon
 
-    assert sorted(trusted["rounds"]) == ["1", "2", "3"]
+    assert sorted(trusted["rounds"]) == ["1", "2"]
     for r, metrics in trusted["rounds"].items():
         assert metrics["epsilon"] == pytest.approx(epsilon(int(r)), rel=1e-12)
         assert set(metrics) == set(ROUND_METRIC_KEYS)  # the node's own metric never arrives
         assert 0 <= metrics["num-reports"] == metrics["num-checked-in"] <= nodes
     assert sum(m["num-reports"] for m in trusted["rounds"].values()) > 0
     assert any(w != 0.0 for w in trusted["weights"])  # the model moved
-    assert sorted(secagg["rounds"]) == ["1", "2", "3"]
+    assert sorted(secagg["rounds"]) == ["1", "2"]
     for r, metrics in secagg["rounds"].items():
         assert metrics["epsilon"] == pytest.approx(epsilon(int(r)), rel=1e-12)
         assert set(metrics) == set(SECAGG_ROUND_METRIC_KEYS)
