@@ -27,7 +27,7 @@ from .limits import (
 )
 from .mechanisms import Mechanism, RoundSetting, _step_table, round_mechanism
 from .rdp.conversion import EpsilonResult, epsilon_from_rdp
-from .results import PLD_ACCOUNTING_SYMMETRISED, AccountingResult
+from .results import PLD_ACCOUNTING_PROVEN, PLD_ACCOUNTING_SYMMETRISED, AccountingResult
 
 if TYPE_CHECKING:
     from .pld.rounds import PldEstimate
@@ -133,7 +133,7 @@ def rounds_epsilon(
     if max_order is not None:
         max_order = check_int("max_order", max_order, minimum=2, maximum=MAX_ORDER)
         if method is not None and mech.method(method).kind == "pld":
-            raise ValueError("max_order applies to Rényi-DP methods, not to the pld method.")
+            raise ValueError(f"max_order applies to Rényi-DP methods, not to the {method} method.")
     parts = [(s, check_int("steps", k, minimum=0)) for s, k in rounds]
     parts = [(s, k) for s, k in parts if k > 0]
     named = reference is None and method is not None
@@ -158,8 +158,9 @@ def rounds_epsilon(
                     order=0,
                     max_order=0,
                     at_cap=False,
-                    method="pld",
+                    method=mech.method(method).name,
                     epsilon_lower=estimate.epsilon_lower,
+                    details=estimate.details,
                 )
             curve = mech.method(method).name if named or note is None else mech.fallback  # type: ignore[assignment]
     else:
@@ -240,8 +241,16 @@ def compute_epsilon(
         "neighbouring": mech.neighbouring,
         "note": res.note,
         "sensitivity": mech.sigma_unit,
-        "assumptions": mech.assumptions,
+        "assumptions": mech.assumptions_of(res.method if res.method in mech.method_names else None),
     }
+    if res.method == "proven":
+        return AccountingResult(
+            method="proven",
+            kind="pld",
+            accounting=PLD_ACCOUNTING_PROVEN,
+            extra=dict(res.details or {}),
+            **common,  # type: ignore[arg-type]
+        )
     if res.method == "pld" and setting.n is not None:  # pld: the shuffle mechanisms, n given
         from .pld.shuffle_gaussian import pld_discretization, pld_tail
 

@@ -43,6 +43,7 @@ __all__ = [
     "round_mechanism",
     "per_step_rdp",
     "SHUFFLE_ASSUMPTIONS",
+    "PROVEN_ASSUMPTIONS",
 ]
 
 PARAMETERS: tuple[str, ...] = ("n", "sigma", "eps0", "m", "rate", "k", "gamma", "adversary")
@@ -85,12 +86,15 @@ class Method:
         summary: One line saying what the bound is and what it assumes.
         pld: ``(rounds, delta, lower) -> PldEstimate`` of composed ``(setting, steps)`` rounds
             (privacy-loss-distribution methods; ``lower`` asks for the optimistic estimate too).
+        assumptions: What this method's guarantees rest on, where it differs from the
+            mechanism's :attr:`Mechanism.assumptions` (``proven``), else ``None``.
     """
 
     name: str
     step_rdp: RdpFactory | None
     summary: str
     pld: Callable[[Sequence[tuple[RoundSetting, int]], float, bool], PldEstimate] | None = None
+    assumptions: tuple[str, ...] | None = None
 
     @property
     def kind(self) -> str:
@@ -133,6 +137,11 @@ class Mechanism:
     assumptions: tuple[str, ...] = ()
     sigma_unit: str | None = None
     results: Runner | None = None
+
+    def assumptions_of(self, method: str | None) -> tuple[str, ...]:
+        """Return what the guarantees of ``method`` (the default for ``None``) rest on."""
+        own = self.method(method).assumptions
+        return self.assumptions if own is None else own
 
     @property
     def method_names(self) -> tuple[str, ...]:
@@ -216,6 +225,20 @@ _PLD = Method(
 
 _REPLACE_ONE = "replace-one user"
 
+PROVEN_ASSUMPTIONS: tuple[str, ...] = (
+    "proven from published theorems (Feldman, McMillan & Talwar, arXiv:2012.12803, Theorems "
+    "3.8 and 4.1; Balle & Wang 2018): no assumption on where the other users' updates lie",
+    "each report's Gaussian noise is drawn afresh and kept secret from the server",
+    "the shuffle is secret: the server sees the reports only as an anonymous multiset",
+)
+"""What the ``proven`` method rests on besides replace-one adjacency (the mechanisms that
+sample add the secrecy of their coins)."""
+
+_PROVEN_SUMMARY = (
+    "proven bound: the reports' own clones or blanket pairs (Feldman, McMillan & Talwar) "
+    "composed by PLD, no assumption on the other users"
+)
+
 SHUFFLE_ASSUMPTIONS: tuple[str, ...] = (
     "Theorem 1's pair (the other users at a common value) is the worst case: numerical "
     "evidence, docs/maths.md",
@@ -242,6 +265,7 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
             parameters=("n", "sigma"),
             methods=(
                 _PLD,
+                Method("proven", None, _PROVEN_SUMMARY, _m.proven_pld, PROVEN_ASSUMPTIONS),
                 Method("theorem1", _m.theorem1, "Theorem 1 of Liew & Takahashi, exact RDP"),
                 Method("corollary1", _m.corollary1, "Corollary 1: the Gaussian, no shuffling"),
             ),
@@ -260,6 +284,13 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
             parameters=("n", "m", "sigma"),
             methods=(
                 _PLD,
+                Method(
+                    "proven",
+                    None,
+                    _PROVEN_SUMMARY,
+                    _m.proven_pld,
+                    (*PROVEN_ASSUMPTIONS, _SECRET_SAMPLING),
+                ),
                 Method("theorem2", _m.theorem2, "Theorem 2: Wang et al. bound on Theorem 1 (RDP)"),
             ),
             neighbouring=_REPLACE_ONE,
@@ -277,6 +308,13 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
             parameters=("n", "rate", "sigma"),
             methods=(
                 _PLD,
+                Method(
+                    "proven",
+                    None,
+                    _PROVEN_SUMMARY,
+                    _m.proven_pld,
+                    (*PROVEN_ASSUMPTIONS, _SECRET_SAMPLING),
+                ),
                 Method("exact", _m.checkin("exact"), "exact binomial average of Theorem 1 (RDP)"),
                 Method("sum", _m.checkin("sum"), "the paper's Eq. 17 summed over the binomial"),
                 Method("theorem3", _m.checkin("theorem3"), "the paper's Theorem 3 (Conjecture 1)"),

@@ -122,6 +122,42 @@ def shuffle_pld(
     return shuffle_rounds_epsilon(parts, delta=delta, lower=lower)
 
 
+def proven_pld(
+    rounds: Sequence[tuple[RoundSetting, int]], delta: float, lower: bool
+) -> PldEstimate:
+    """Compose the clones or blanket pairs of the reports themselves (``proven``).
+
+    No optimistic estimate (``lower`` is ignored): the bound is a chain of inequalities, not a
+    discretisation of one pair.
+    """
+    from .pld.proven import proven_rounds_epsilon
+    from .pld.rounds import PldEstimate, ShuffleRound
+
+    parts = [(ShuffleRound(n=s.n, sigma=s.sigma, rate=s.rate, m=s.m), k) for s, k in rounds]  # type: ignore[arg-type]
+    est = proven_rounds_epsilon(parts, delta=delta)
+    details: dict[str, object] = {
+        "route": est.route,
+        "delta_pld": est.delta_pld,
+        "delta_coupling": est.delta_coupling,
+        "discretization": est.discretization,
+        "tail": est.tail,
+    }
+    if est.route == "clones":
+        details["eps0"] = est.level
+    if est.route == "blanket":
+        details["blanket_level"] = est.level
+        details["blanket_weight"] = est.weight
+    if est.route != "gaussian":
+        details["per_report_tv"] = est.per_report
+    return PldEstimate(
+        epsilon=est.epsilon,
+        epsilon_lower=None,
+        discretization=est.discretization,
+        tail=est.tail,
+        details=details,
+    )
+
+
 def clones(
     *, steps: Sequence[int], delta: float, method: str | None, **parameters: Any
 ) -> list[AccountingResult]:

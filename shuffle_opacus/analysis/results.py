@@ -48,6 +48,13 @@ PLD_ACCOUNTING_SYMMETRISED = (
 )
 """The same for the shuffle Gaussian's PLD, built from one pair that covers both orientations."""
 
+PLD_ACCOUNTING_PROVEN = (
+    "privacy loss distribution of the reports' clones or blanket pair, plus the total variation "
+    "of their stand-ins (dp_accounting; an upper bound in exact arithmetic, floating-point "
+    "rounding not bounded)"
+)
+"""How ``proven`` results describe themselves."""
+
 NO_PRIVACY_EPSILON = 50.0
 """Epsilon above which a guarantee is reported as effectively no privacy: it lets one user's
 presence change the odds of any event by a factor up to ``e^50``, about ``5e21``, more than the

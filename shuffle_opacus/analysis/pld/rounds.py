@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,12 +60,15 @@ class PldEstimate:
             ``None`` when it was not asked for.
         discretization: The loss grid step shared by the rounds.
         tail: The mass each round leaves out (added to delta in the pessimistic estimate).
+        details: What else the method reports (the ``proven`` method: its route, level and how
+            delta was spent), or ``None``.
     """
 
     epsilon: float
     epsilon_lower: float | None
     discretization: float
     tail: float
+    details: Mapping[str, object] | None = None
 
 
 @functools.lru_cache(maxsize=16)

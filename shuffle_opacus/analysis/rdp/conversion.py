@@ -17,7 +17,7 @@ that the cost of the series grows quadratically, so a warning asks for an explic
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,6 +57,7 @@ class EpsilonResult:
             ``exact``, ...); ``None`` for a bare conversion or a reference curve.
         note: Why the method is not the one asked for (the default's fallback), or ``None``.
         epsilon_lower: The optimistic estimate of a ``pld`` result, when computed.
+        details: What else the method reports (``proven``: route, level, delta's split).
     """
 
     epsilon: float
@@ -67,6 +68,7 @@ class EpsilonResult:
     method: str | None = None
     note: str | None = None
     epsilon_lower: float | None = None
+    details: Mapping[str, object] | None = None
 
 
 def _orders_and_rdp(
