@@ -431,12 +431,27 @@ def _scale(rounds: int) -> int:
 
 
 @functools.lru_cache(maxsize=32)
-def _pair_sd(route: str, setting: ShuffleRound, k: int, tail: float) -> float:
+def _pair_stats(route: str, setting: ShuffleRound, k: int, tail: float) -> tuple[float, float]:
+    """Return ``(sd, span)``: the loss's standard deviation and the width of its bulk."""
     pair = _route_pair(route, setting, k, tail)
     if pair.mass.size == 0:
-        return 1.0
+        return 1.0, 1.0
     mean = float(np.dot(pair.mass, pair.loss))
-    return math.sqrt(max(float(np.dot(pair.mass, (pair.loss - mean) ** 2)), 1e-30))
+    sd = math.sqrt(max(float(np.dot(pair.mass, (pair.loss - mean) ** 2)), 1e-30))
+    order = np.argsort(pair.loss)
+    cum = np.cumsum(pair.mass[order])
+    lo = pair.loss[order][min(int(np.searchsorted(cum, tail / 4.0)), cum.size - 1)]
+    hi = pair.loss[order][min(int(np.searchsorted(cum, cum[-1] - tail / 4.0)), cum.size - 1)]
+    return sd, float(hi - lo)
+
+
+def _pair_grid(route: str, setting: ShuffleRound, k: int, tail: float, scale: int) -> float:
+    """The pair's grid step: :func:`_grid`, coarsened to at most 2^21 points over the bulk."""
+    sd, span = _pair_stats(route, setting, k, tail)
+    step = _grid(sd, scale)
+    while span / step > 2.0**21:
+        step *= 2.0
+    return step
 
 
 @functools.lru_cache(maxsize=48)
@@ -564,7 +579,9 @@ def _evaluate(
     eta0, eta1, per = stand_in_costs(route, parts, level)
     if eta0 + eta1 >= delta:
         return math.inf, 1.0, eta0 + eta1, 0.0, per
-    disc = min(_grid(_pair_sd(route, s, k, tail), scale) for s, _ in parts)
+    if sum(_route_pair(route, s, k, tail).left * c for s, c in parts) >= delta:
+        return math.inf, 1.0, eta0 + eta1, 0.0, per  # the pairs' own tails exceed delta
+    disc = min(_pair_grid(route, s, k, tail, scale) for s, _ in parts)
     powers = [(_pair_powers(route, s, k, tail, disc), c) for s, c in parts]
     eps, d_pld = epsilon_with_coupling(compose_powers(powers), delta, eta0, eta1)
     coupling = eta0 + math.exp(min(eps, 700.0)) * eta1 if math.isfinite(eps) else eta0 + eta1
@@ -577,15 +594,23 @@ def _search(
     delta: float,
     tail: float,
     scale: int,
+    give_up: float = math.inf,
 ) -> tuple[int, tuple[float, float, float, float, float]]:
-    """Return the best level of ``route`` on the grid: up past infeasible ones, then downhill."""
+    """Return the best level of ``route`` on the grid: up past infeasible ones, then downhill.
+
+    Stops at the first feasible level if its epsilon exceeds ``give_up`` (another route's
+    best is already far smaller).
+    """
     sigma = parts[0][0].sigma
     reports = sum(c * (_inclusion(s) + _expected_others(s)) for s, c in parts)
     # Below this level the stand-ins alone cost more than delta.
     floor = gaussian_dp_epsilon(min(0.5, delta / (3.0 * max(reports, 1.0))), sigma=sigma)
     k_min = max(1 if route == "clones" else 0, math.floor(floor / EPS0_STEP) - 8)
     k_max = max(k_min + 1, math.ceil(_MAX_LEVEL / EPS0_STEP))
-    k = min(max(math.ceil(floor / EPS0_STEP) + 4, k_min), k_max)
+    k = k_min
+    while k < k_max and sum(stand_in_costs(route, parts, _level(k))[:2]) >= delta / 2.0:
+        k += 1  # the first level whose stand-ins leave half of delta (no pair needed)
+    k = min(k + 2, k_max)
     cache: dict[int, tuple[float, float, float, float, float]] = {}
 
     def value(i: int) -> float:
@@ -593,8 +618,11 @@ def _search(
             cache[i] = _evaluate(route, parts, i, delta, tail, scale)
         return cache[i][0]
 
-    while not math.isfinite(value(k)) and k < k_max:
-        k = min(k + 4, k_max)
+    tries = 0
+    while not math.isfinite(value(k)) and k < k_max and tries < 3:
+        k, tries = min(k + 4, k_max), tries + 1
+    if not math.isfinite(value(k)) or value(k) > give_up:
+        return k, cache[k]  # this route gives no bound here, or none near the best one
     # Every grid level is a valid bound; epsilon has been unimodal in the level in every case
     # examined, so a local minimum would cost tightness only. Coarse steps, then fine ones.
     for step in (4, 1):
@@ -619,7 +647,7 @@ def _plan(
     tail = default_tail(delta, sum(counts))
     best: tuple[float, str, int] = (math.inf, "gaussian", 0)
     for route in ROUTES[:2]:
-        k, values = _search(route, parts, delta, tail, scale)
+        k, values = _search(route, parts, delta, tail, scale, give_up=2.0 * best[0])
         if values[0] < best[0]:
             best = (values[0], route, k)
     gaussian = _gaussian_epsilon(parts, delta, scale)[0]
