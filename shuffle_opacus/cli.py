@@ -202,8 +202,9 @@ def _add_account(sub: argparse._SubParsersAction) -> None:
         "--method",
         choices=methods,
         help="bound to use (default: the mechanism's first; for shuffle, subsampled and checkin "
-        "pld, the tightest sound one, or its Rényi bound with a note where pld is beyond the "
-        "work limits): "
+        "pld, the tight one resting on Theorem 1's pair, or its Rényi bound with a note where "
+        "pld is beyond the work limits, printed with a proven row beside it; --method proven "
+        "prints the proven bound alone): "
         + "; ".join(f"{e.name}: {_choices(e.method_names)}" for e in MECHANISM_TABLE.values()),
     )
     acc.add_argument("--delta", type=_delta_arg(), default=1e-5, help="target delta (1e-5)")
@@ -259,8 +260,14 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     cal.add_argument(
         "--method",
         choices=methods,
-        help="core method (default: pld, the tightest sound one, or the protocol's Rényi bound "
-        "with a note where pld is beyond the work limits)",
+        help="core method (default: pld, the tight one, or the protocol's Rényi bound with a "
+        "note where pld is beyond the work limits)",
+    )
+    cal.add_argument(
+        "--guarantee",
+        choices=("tight", "proven"),
+        help="calibrate to the tight epsilon (pld, resting on Theorem 1's pair; the default) "
+        "or to the proven one (published theorems only); same as --method pld or proven",
     )
     cal.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -362,6 +369,26 @@ def _in_noise_units(
     )
 
 
+PROVEN_FOOTER = (
+    "guarantees: proven rests on published theorems only (no assumption on where the other "
+    "users' updates lie); the default row (pld) is tight but rests on Theorem 1's pair being "
+    "the worst case (numerical evidence). Both need secret noise, a secret shuffle and "
+    "secret sampling coins."
+)
+"""The footer line under an ``account`` table that shows both guarantees."""
+
+
+def _with_proven(mechanism: str, args: argparse.Namespace) -> bool:
+    """Whether ``account`` adds the proven row: the default method of a shuffle mechanism."""
+    entry = MECHANISM_TABLE[mechanism]
+    return (
+        args.method is None
+        and args.max_order is None
+        and "proven" in entry.method_names
+        and not getattr(args, "tight_only", False)
+    )
+
+
 def _account(args: argparse.Namespace) -> int:
     entry = MECHANISM_TABLE[args.mechanism]
     sigma, sensitivity = _noise_to_sigma(args)
@@ -400,9 +427,26 @@ def _account(args: argparse.Namespace) -> int:
                 )
         except ValueError as exc:
             raise CliError(_flag_error(str(exc))) from None
+        if _with_proven(entry.name, args):
+            try:
+                with _progress(f"account {entry.name} (proven)"):
+                    proven = account(
+                        entry.name,
+                        given,
+                        steps=args.steps,
+                        delta=args.delta,
+                        method="proven",
+                        max_seconds=CLI_MAX_SECONDS,
+                    )
+            except ValueError as exc:
+                raise CliError(_flag_error(str(exc))) from None
+            results = [r for pair in zip(results, proven, strict=True) for r in pair]
     if sensitivity is not None:
         results = [_in_noise_units(r, args.noise_multiplier, sensitivity) for r in results]
-    print(render.json_lines(results) if args.json else render.table(results), flush=True)
+    text = render.json_lines(results) if args.json else render.table(results)
+    if not args.json and any(r.method == "proven" for r in results):
+        text += "\n" + PROVEN_FOOTER
+    print(text, flush=True)
     if any(r.at_cap for r in results):
         print(
             f"{PROG}: note: the optimal order sits at the largest order evaluated; "
@@ -423,6 +467,13 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.m is not None and args.m > args.n:
         raise CliError(f"--m must be an integer in [1, {args.n}]. Found {args.m}.")
     rate = protocol.sample_rate(population=args.n, rate=args.rate, sample_size=args.m)
+    if args.guarantee is not None:
+        wanted = "proven" if args.guarantee == "proven" else "pld"
+        if args.method is not None and args.method != wanted:
+            raise CliError(
+                f"--guarantee {args.guarantee} and --method {args.method} disagree: give one"
+            )
+        args.method = wanted
     method = protocol.check_method(args.method)
     try:
         with _progress(f"calibrate {protocol.name}"):
@@ -447,8 +498,9 @@ def _calibrate(args: argparse.Namespace) -> int:
                 f"/ sensitivity) outside [{low:g}, {high:g}]."
             )
         raise CliError(_flag_error(text)) from None
+    method_used = found.method if found.method in protocol.methods else None
     assumptions = (
-        *protocol.analysis.assumptions,
+        *protocol.analysis.assumptions_of(method_used),
         *sensitivity_assumptions(args.sensitivity),
     )
     row = {

@@ -180,6 +180,20 @@ def _shuffle_pld_seconds(n: int, sigma: float) -> float:
     return 0.2 + PLD_LATTICE_SECONDS * math.sqrt(n) / min(sigma, 1.0) ** 2
 
 
+PROVEN_EVALUATIONS = 8.0
+"""Compositions a ``proven`` answer takes: the level search (once per doubling of the rounds)."""
+
+
+def proven_seconds(users: int, steps: list[int]) -> float:
+    """Estimated seconds of the ``proven`` method (the level search, then the answer).
+
+    Each evaluation enumerates one pair, whose windows grow like the square root of the
+    reports per round, and composes it.
+    """
+    one = 0.3 + 2e-4 * math.sqrt(users) + _pld_compose_seconds(steps) * 2.0
+    return BASE_SECONDS + PROVEN_EVALUATIONS * one
+
+
 def shuffle_pld_seconds(settings: list[tuple[int, float]], steps: int) -> float:
     """Estimated seconds of the shuffle Gaussian's ``pld`` for distinct round settings.
 
@@ -271,6 +285,8 @@ def account_seconds(
     pld = total + _shuffle_pld_seconds(users, float(sigma)) + _pld_compose_seconds(steps)  # type: ignore[arg-type]
     if method == "pld":
         return pld
+    if method == "proven":
+        return proven_seconds(users, steps)
     if method is not None:
         return rdp(method)
     # The default: pld where affordable, else its Rényi fallback (an order cap selects it).
@@ -281,7 +297,7 @@ def account_seconds(
 
 def _calibrate_drivers(method: str) -> tuple[str, ...]:
     """Return the calibration parameters that drive its cost, in the order to suggest them."""
-    return ("n", "rounds") if method == "pld" else ("n",)
+    return ("n", "rounds") if method in ("pld", "proven") else ("n",)
 
 
 def calibrate_seconds(
@@ -314,6 +330,8 @@ def calibrate_seconds(
         users = m if m is not None else n
         one = _shuffle_pld_seconds(users, 0.5) + _pld_compose_seconds([rounds])
         return BASE_SECONDS + evaluations * one
+    if method == "proven":
+        return evaluations * proven_seconds(m if m is not None else n, [rounds])
     stage = rdp_stage_seconds(mechanism, method, order, n=n, m=m, rate=rate)
     # The order range grows by doubling; its stages cost about 4/3 of the last one.
     return BASE_SECONDS + evaluations * stage * 4.0 / 3.0

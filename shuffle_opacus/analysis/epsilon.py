@@ -185,6 +185,30 @@ def rounds_epsilon(
     )
 
 
+def proven_note(details: dict[str, object]) -> str:
+    """One line on how a ``proven`` result was obtained: its route and how delta was spent.
+
+    Args:
+        details: The ``details`` of a ``proven`` estimate.
+
+    Returns:
+        The line.
+    """
+    route = details.get("route")
+    spent = f"delta {details.get('delta_pld', 0.0):.2g} to the PLD"
+    if route == "gaussian":
+        return f"route gaussian (the local Gaussian alone beats the shuffle bounds); {spent}"
+    level = (
+        f"eps0 {details.get('eps0'):.4g}"
+        if route == "clones"
+        else f"blanket weight {details.get('blanket_weight'):.3g}"
+    )
+    return (
+        f"route {route}, {level}; {spent}, {details.get('delta_coupling', 0.0):.2g} to the "
+        "stand-ins"
+    )
+
+
 def compute_epsilon(
     mechanism: str,
     *,
@@ -244,11 +268,13 @@ def compute_epsilon(
         "assumptions": mech.assumptions_of(res.method if res.method in mech.method_names else None),
     }
     if res.method == "proven":
+        details = dict(res.details or {})
+        common["note"] = proven_note(details)
         return AccountingResult(
             method="proven",
             kind="pld",
             accounting=PLD_ACCOUNTING_PROVEN,
-            extra=dict(res.details or {}),
+            extra=details,
             **common,  # type: ignore[arg-type]
         )
     if res.method == "pld" and setting.n is not None:  # pld: the shuffle mechanisms, n given
