@@ -316,6 +316,28 @@ def bind_get_epsilon(engine: PrivacyEngine) -> None:
     engine.get_epsilon = get_epsilon  # type: ignore[method-assign]
 
 
+GUARANTEES: dict[str, str] = {"tight": "pld", "proven": "proven"}
+"""The method behind each guarantee a user can ask for."""
+
+
+def method_for_guarantee(guarantee: str | None, method: str | None) -> str | None:
+    """Return the method that gives ``guarantee`` (``method`` itself when it is ``None``).
+
+    Raises:
+        ValueError: for an unknown guarantee, or a method that gives another one.
+    """
+    if guarantee is None:
+        return method
+    if guarantee not in GUARANTEES:
+        raise ValueError(f"guarantee must be 'tight' or 'proven'. Found {guarantee!r}.")
+    wanted = GUARANTEES[guarantee]
+    if method is not None and method != wanted:
+        raise ValueError(
+            f"method must be {wanted!r} or None with guarantee={guarantee!r}. Found {method!r}."
+        )
+    return wanted
+
+
 def make_private(
     engine: PrivacyEngine,
     *,
@@ -331,6 +353,7 @@ def make_private(
     start_round: int = 0,
     sensitivity: float | str = "replace-one",
     method: str | None = None,
+    guarantee: str | None = None,
     noise_mode: str = "sum",
     loss_reduction: str = "mean",
     grad_sample_mode: str = "hooks",
@@ -367,6 +390,9 @@ def make_private(
         start_round: See :class:`PrivacyOptions`.
         sensitivity: See :class:`PrivacyOptions`.
         method: See :class:`PrivacyOptions`.
+        guarantee: ``"tight"`` (method ``pld``, resting on Theorem 1's pair) or ``"proven"``
+            (method ``proven``, from published theorems only), or ``None`` for ``method``.
+            The accountant reports, and a target epsilon is calibrated to, that guarantee.
         noise_mode: See :class:`PrivacyOptions`.
         loss_reduction: See :class:`PrivacyOptions`.
         grad_sample_mode: See :class:`PrivacyOptions`.
@@ -390,7 +416,7 @@ def make_private(
         seed=seed,
         start_round=start_round,
         sensitivity=sensitivity,
-        method=method,
+        method=method_for_guarantee(guarantee, method),
         noise_mode=noise_mode,
         loss_reduction=loss_reduction,
         grad_sample_mode=grad_sample_mode,
@@ -416,6 +442,7 @@ def make_private_with_epsilon(
     start_round: int = 0,
     sensitivity: float | str = "replace-one",
     method: str | None = None,
+    guarantee: str | None = None,
     noise_mode: str = "sum",
     loss_reduction: str = "mean",
     grad_sample_mode: str = "hooks",
@@ -445,6 +472,9 @@ def make_private_with_epsilon(
         start_round: See :class:`PrivacyOptions`.
         sensitivity: See :class:`PrivacyOptions`.
         method: See :class:`PrivacyOptions`.
+        guarantee: ``"tight"`` (method ``pld``, resting on Theorem 1's pair) or ``"proven"``
+            (method ``proven``, from published theorems only), or ``None`` for ``method``.
+            The accountant reports, and a target epsilon is calibrated to, that guarantee.
         noise_mode: See :class:`PrivacyOptions`.
         loss_reduction: See :class:`PrivacyOptions`.
         grad_sample_mode: See :class:`PrivacyOptions`.
@@ -466,7 +496,7 @@ def make_private_with_epsilon(
         seed=seed,
         start_round=start_round,
         sensitivity=sensitivity,
-        method=method,
+        method=method_for_guarantee(guarantee, method),
         noise_mode=noise_mode,
         loss_reduction=loss_reduction,
         grad_sample_mode=grad_sample_mode,
