@@ -194,7 +194,7 @@ def test_checkin_default_is_the_tightest_method():
     assert default.method == "pld" and default.note is None
     assert acc.get_epsilon(1e-5) == default.epsilon == acc.get_epsilon(1e-5, method="pld")
     assert default.epsilon < eps["exact"] == min(eps.values())
-    with pytest.raises(ValueError, match="method must be one of pld, exact, sum, theorem3"):
+    with pytest.raises(ValueError, match="method must be one of pld, proven, exact, sum, theorem3"):
         acc.get_epsilon(1e-5, method="theorem1")
 
 

@@ -37,12 +37,41 @@ def test_table_output_has_one_row_per_steps(capsys):
     lines = out.strip().splitlines()
     assert lines[0].split()[:3] == ["mechanism", "method", "n"]
     rows = [line for line in lines[2:] if line.startswith("checkin")]
-    assert len(rows) == 2
+    # One tight row and one proven row per round count, the proven one right after.
+    assert [row.split()[1] for row in rows] == ["pld", "proven", "pld", "proven"]
     want = compute_epsilon("checkin", n=60000, rate=0.1, sigma=5, steps=5540, delta=1e-5)
-    assert f"{want.epsilon:.6f}" in rows[1] and want.method == "pld"
+    assert f"{want.epsilon:.6f}" in rows[2] and want.method == "pld"
+    proven = compute_epsilon(
+        "checkin", n=60000, rate=0.1, sigma=5, steps=5540, delta=1e-5, method="proven"
+    )
+    assert f"{proven.epsilon:.6f}" in rows[3] and proven.epsilon > want.epsilon
     assert any(line.startswith("neighbouring: replace-one user") for line in lines)
-    assert lines[-1].startswith("assumes: ")
+    assert any(line.startswith("assumes: Theorem 1's pair") for line in lines)
+    assert any(line.startswith("assumes: proven from published theorems") for line in lines)
+    assert lines[-1].startswith("guarantees: proven rests on published theorems only")
     assert err == ""
+
+
+def test_account_method_pld_prints_the_tight_row_alone(capsys):
+    code, out, _ = run(
+        capsys,
+        "account",
+        "checkin",
+        "--n",
+        "1000",
+        "--rate",
+        "0.1",
+        "--sigma",
+        "2",
+        "--steps",
+        "10",
+        "--method",
+        "pld",
+    )
+    assert code == 0
+    rows = [line for line in out.splitlines() if line.startswith("checkin")]
+    assert [row.split()[1] for row in rows] == ["pld"]
+    assert "guarantees:" not in out
 
 
 @pytest.mark.parametrize(

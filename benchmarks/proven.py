@@ -1,0 +1,109 @@
+"""The proven bound against the tight one at the shipped settings (issue 40): a table, not a test.
+
+    .venv/bin/python benchmarks/proven.py            # five settings, a few minutes
+    .venv/bin/python benchmarks/proven.py --only paper
+
+For each setting: the tight epsilon (``pld``, resting on Theorem 1's pair), the proven one
+(``proven``: route, level and how delta splits between the privacy loss distribution and the
+stand-ins), their ratio, the earlier proven route (``clones-gaussian``: the clones bound composed
+round by round in approximate DP) and the time of the proven answer from a cold start (the
+level search included), measured in a fresh process so that no cache helps it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+SETTINGS: dict[str, dict[str, float | int]] = {
+    # name: check-in population, rate, analysis sigma (noise multiplier / 2), rounds
+    "paper": {"n": 60000, "rate": 0.1, "sigma": 2.5, "steps": 5540},
+    "quick.yaml": {"n": 60000, "rate": 0.05, "sigma": 0.5, "steps": 1400},
+    "users.yaml": {"n": 6000, "rate": 0.1, "sigma": 0.7965, "steps": 1000},
+    "README Opacus": {"n": 1000, "rate": 0.05, "sigma": 2.0, "steps": 50},
+    "README user-level": {"n": 300, "rate": 0.1, "sigma": 1.0, "steps": 40},
+}
+DELTA = 1e-5
+
+
+def _one(name: str) -> dict[str, object]:
+    """Run in a child process: one setting, cold."""
+    from shuffle_opacus.analysis import account, compute_epsilon
+
+    s = SETTINGS[name]
+    kw = {"sigma": s["sigma"], "n": s["n"], "rate": s["rate"], "steps": s["steps"]}
+    start = time.perf_counter()
+    proven = compute_epsilon("checkin", delta=DELTA, method="proven", **kw)  # type: ignore[arg-type]
+    seconds = time.perf_counter() - start
+    tight = compute_epsilon("checkin", delta=DELTA, **kw)  # type: ignore[arg-type]
+    old = account(
+        "clones-gaussian",
+        {"n": s["n"], "sigma": s["sigma"], "rate": s["rate"]},
+        steps=[int(s["steps"])],
+        delta=DELTA,
+        max_seconds=None,
+    )[0]
+    return {
+        "setting": name,
+        **s,
+        "tight": tight.epsilon,
+        "tight_lower": tight.epsilon_lower,
+        "proven": proven.epsilon,
+        "details": proven.extra,
+        "old_proven": old.epsilon,
+        "proven_seconds": seconds,
+    }
+
+
+def main() -> None:
+    """Print one JSON line per setting, then a table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", choices=list(SETTINGS), default=list(SETTINGS))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(_one(args.child)))
+        return
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+    rows = []
+    for name in args.only:
+        print(f"[proven] {name} ...", file=sys.stderr, flush=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", name], capture_output=True, text=True, env=env
+        )
+        if out.returncode:
+            print(out.stderr, file=sys.stderr)
+            continue
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    load = os.getloadavg()[0]
+    print(f"\nload average at the end: {load:.2f} (2 cores)")
+    print(
+        "| setting | tight (pld) | proven | proven/tight | route | old proven (clones-gaussian) "
+        "| delta: PLD + stand-ins | proven time (cold) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        d = r["details"]
+        lev = d.get("eps0") or d.get("blanket_weight")
+        route = d["route"] + (f" ({'eps0' if 'eps0' in d else 'p'} = {lev:.3g})" if lev else "")
+        print(
+            f"| {r['setting']} | {r['tight']:.4g} | {r['proven']:.4g} | "
+            f"{r['proven'] / r['tight']:.3g} | {route} | {r['old_proven']:.4g} | "
+            f"{d['delta_pld']:.2g} + {d.get('delta_coupling', 0.0):.2g} | "
+            f"{r['proven_seconds']:.1f} s |"
+        )
+
+
+if __name__ == "__main__":
+    main()
