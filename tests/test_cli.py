@@ -450,3 +450,51 @@ def test_krr_matches_the_maths_layer(capsys, adversary):
             1e-6, n=300, k=4, gamma=0.25, adversary=adversary, steps=row["steps"], tail=1e-12
         )
         assert row["epsilon"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_calibrate_guarantee_proven_targets_the_proven_epsilon(capsys):
+    # The proven epsilon is the looser one: calibrated to it, the noise is larger than for the
+    # tight one, and the epsilon it reports is the proven epsilon of that noise.
+    common = ["calibrate", "checkin", "--n", "300", "--rate", "0.1", "--rounds", "4"]
+    code, out, _ = run(capsys, *common, "--epsilon", "3", "--guarantee", "proven", "--json")
+    assert code == 0
+    proven = json.loads(out)
+    code, out, _ = run(capsys, *common, "--epsilon", "3", "--method", "theorem3", "--json")
+    tight = json.loads(out)  # a Rényi method: cheaper than pld, and pld's epsilon is lower
+    assert proven["method"] == "proven" and tight["method"] == "theorem3"
+    assert proven["noise_multiplier"] > tight["noise_multiplier"]
+    assert proven["epsilon"] <= 3.0
+    assert any("published theorems" in a for a in proven["assumptions"])
+    assert not any("Theorem 1's pair" in a for a in proven["assumptions"])
+    check = compute_epsilon(
+        "checkin",
+        n=300,
+        rate=0.1,
+        sigma=proven["noise_multiplier"] / 2,
+        steps=4,
+        delta=1e-5,
+        method="proven",
+    )
+    assert check.epsilon == pytest.approx(proven["epsilon"], rel=1e-9)
+
+
+def test_calibrate_guarantee_and_method_must_agree(capsys):
+    code, _, err = run(
+        capsys,
+        "calibrate",
+        "checkin",
+        "--n",
+        "1000",
+        "--rate",
+        "0.05",
+        "--rounds",
+        "20",
+        "--epsilon",
+        "3",
+        "--guarantee",
+        "proven",
+        "--method",
+        "exact",
+    )
+    assert code != 0 and "--guarantee proven and --method exact disagree" in err
+    assert len(err.strip().splitlines()) == 1

@@ -552,3 +552,15 @@ def test_an_engine_with_rounds_for_another_population_is_refused():
         )
     assert not has_grad_sample_hooks(net)
     assert engine.accountant.population == N_CLIENTS and len(engine.accountant) == 10
+
+
+def test_guarantee_names_the_method():
+    from shuffle_opacus.privacy import method_for_guarantee
+
+    assert method_for_guarantee(None, "exact") == "exact"
+    assert method_for_guarantee("tight", None) == "pld"
+    assert method_for_guarantee("proven", "proven") == "proven"
+    with pytest.raises(ValueError, match="guarantee must be 'tight' or 'proven'. Found 'strong'"):
+        method_for_guarantee("strong", None)
+    with pytest.raises(ValueError, match="method must be 'proven' or None"):
+        method_for_guarantee("proven", "pld")

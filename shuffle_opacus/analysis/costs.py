@@ -190,7 +190,7 @@ def proven_seconds(users: int, steps: list[int]) -> float:
     Each evaluation enumerates one pair, whose windows grow like the square root of the
     reports per round, and composes it.
     """
-    one = 0.3 + 2e-4 * math.sqrt(users) + _pld_compose_seconds(steps) * 2.0
+    one = 0.05 + 2e-4 * math.sqrt(users) + _pld_compose_seconds(steps)
     return BASE_SECONDS + PROVEN_EVALUATIONS * one
 
 
