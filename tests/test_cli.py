@@ -22,14 +22,14 @@ def test_table_output_has_one_row_per_steps(capsys):
         "account",
         "checkin",
         "--n",
-        "60000",
+        "6000",
         "--rate",
         "0.1",
         "--sigma",
         "5",
         "--steps",
         "1",
-        "5540",
+        "500",
         "--delta",
         "1e-5",
     )
@@ -39,10 +39,10 @@ def test_table_output_has_one_row_per_steps(capsys):
     rows = [line for line in lines[2:] if line.startswith("checkin")]
     # One tight row and one proven row per round count, the proven one right after.
     assert [row.split()[1] for row in rows] == ["pld", "proven", "pld", "proven"]
-    want = compute_epsilon("checkin", n=60000, rate=0.1, sigma=5, steps=5540, delta=1e-5)
+    want = compute_epsilon("checkin", n=6000, rate=0.1, sigma=5, steps=500, delta=1e-5)
     assert f"{want.epsilon:.6f}" in rows[2] and want.method == "pld"
     proven = compute_epsilon(
-        "checkin", n=60000, rate=0.1, sigma=5, steps=5540, delta=1e-5, method="proven"
+        "checkin", n=6000, rate=0.1, sigma=5, steps=500, delta=1e-5, method="proven"
     )
     assert f"{proven.epsilon:.6f}" in rows[3] and proven.epsilon > want.epsilon
     assert any(line.startswith("neighbouring: replace-one user") for line in lines)
@@ -77,7 +77,7 @@ def test_account_method_pld_prints_the_tight_row_alone(capsys):
 @pytest.mark.parametrize(
     ("args", "mechanism", "method"),
     [
-        (["shuffle", "--n", "60000", "--sigma", "9.48"], "shuffle", "pld"),
+        (["shuffle", "--n", "2000", "--sigma", "3"], "shuffle", "pld"),
         (
             ["shuffle", "--n", "60000", "--sigma", "9.48", "--method", "theorem1"],
             "shuffle",
@@ -111,8 +111,14 @@ def test_account_method_pld_prints_the_tight_row_alone(capsys):
 def test_json_rows(capsys, args, mechanism, method):
     code, out, _ = run(capsys, "account", *args, "--steps", "3", "10", "--json")
     assert code == 0
-    rows = [json.loads(line) for line in out.strip().splitlines()]
+    every = [json.loads(line) for line in out.strip().splitlines()]
+    rows = [r for r in every if r["method"] != "proven"]
     assert [r["steps"] for r in rows] == [3, 10]
+    # The default of a shuffle mechanism has its proven row after each of its rows.
+    proven = [r for r in every if r["method"] == "proven"]
+    assert len(proven) == (2 if method == "pld" else 0)
+    for tight, bound in zip(rows, proven, strict=False):
+        assert bound["steps"] == tight["steps"] and bound["epsilon"] >= tight["epsilon"]
     for r in rows:
         assert {"mechanism", "method", "epsilon", "delta", "steps", "assumptions"} <= set(r)
         assert ("order" in r) == (method != "pld")
@@ -200,7 +206,7 @@ def test_command_does_not_import_torch():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["mechanism"] == "shuffle"
+    assert [json.loads(line)["method"] for line in proc.stdout.splitlines()] == ["pld", "proven"]
 
 
 def test_module_entry_point_exit_status():

@@ -40,7 +40,7 @@ def test_engine_get_epsilon_takes_the_method():
         ).epsilon
     )
     assert default < renyi
-    with pytest.raises(ValueError, match="method must be one of pld, exact, sum, theorem3"):
+    with pytest.raises(ValueError, match="method must be one of pld, proven, exact, sum, theorem3"):
         engine.get_epsilon(1e-5, method="nope")
 
 

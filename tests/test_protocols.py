@@ -33,7 +33,7 @@ def test_lookups_refuse_unknown_names():
         protocol_for_accountant("rdp")
     with pytest.raises(ValueError, match="reference must be one of no-shuffle, central"):
         get_mechanism("checkin").reference("clones")
-    with pytest.raises(ValueError, match="method must be one of pld, exact, sum, theorem3"):
+    with pytest.raises(ValueError, match="method must be one of pld, proven, exact, sum, theorem3"):
         get_protocol("checkin").check_method("theorem1")
 
 

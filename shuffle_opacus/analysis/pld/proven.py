@@ -361,6 +361,27 @@ def blanket_weight(sigma: float, level: float) -> float:
     return 1.0 / (2.0 * _blanket_scale(blanket_mass(sigma)) * math.exp(level))
 
 
+BLANKET_COUNT = 64.0
+"""Largest expected count per kind of the blanket pair: its enumeration has about
+``6000 BLANKET_COUNT^1.5`` cells, so the blanket weight is capped there (a smaller weight is
+always valid, at some cost in tightness where the population could hide more)."""
+
+
+def blanket_floor(parts: Sequence[tuple[ShuffleRound, int]]) -> int:
+    """Return the lowest blanket level on the grid whose weight keeps every count small.
+
+    The weight ``p = 1/(2 c e^level)`` falls with the level; each kind of the pair counts about
+    ``users * rate * p`` reports, kept at most :data:`BLANKET_COUNT`.
+    """
+    sigma = parts[0][0].sigma
+    users = max((s.m if s.m is not None else s.n * (s.rate or 1.0)) for s, _ in parts)
+    p_cap = BLANKET_COUNT / max(users, 1.0)
+    if p_cap >= blanket_weight(sigma, 0.0):
+        return 0
+    level = math.log(1.0 / (2.0 * _blanket_scale(blanket_mass(sigma)) * p_cap))
+    return math.ceil(level / EPS0_STEP)
+
+
 def stand_in_costs(
     route: str, rounds: Sequence[tuple[ShuffleRound, int]], level: float
 ) -> tuple[float, float, float]:
@@ -606,6 +627,8 @@ def _search(
     # Below this level the stand-ins alone cost more than delta.
     floor = gaussian_dp_epsilon(min(0.5, delta / (3.0 * max(reports, 1.0))), sigma=sigma)
     k_min = max(1 if route == "clones" else 0, math.floor(floor / EPS0_STEP) - 8)
+    if route == "blanket":
+        k_min = max(k_min, blanket_floor(parts))
     k_max = max(k_min + 1, math.ceil(_MAX_LEVEL / EPS0_STEP))
     k = k_min
     while k < k_max and sum(stand_in_costs(route, parts, _level(k))[:2]) >= delta / 2.0:
