@@ -438,12 +438,12 @@ def _pair_pmf(pair: ProvenPair, discretization: float, budget: float) -> pld_pmf
 
 
 def _grid(sd: float, rounds: int) -> float:
-    """Loss grid step: a power of two, so that rounding up costs at most ``sd sqrt(R) / 8``.
+    """Loss grid step: a power of two, so that rounding up costs at most ``sd sqrt(R) / 2``.
 
     ``R`` is ``rounds`` rounded up to a power of two, so the grid changes only when the round
     count doubles (an accountant asked every round reuses its per-round PMFs).
     """
-    step = sd / (8.0 * math.sqrt(rounds))
+    step = sd / (2.0 * math.sqrt(rounds))
     return 2.0 ** min(-10, max(-26, math.floor(math.log2(max(step, 2.0**-26)))))
 
 
