@@ -414,33 +414,28 @@ def _account(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         # An optimum at the order cap is reported below, from the records themselves.
         warnings.simplefilter("ignore", OrderCapWarning)
-        try:
-            with _progress(f"account {entry.name}"):
-                results = account(
-                    entry.name,
-                    given,
-                    steps=args.steps,
-                    delta=args.delta,
-                    method=args.method,
-                    max_order=args.max_order,
-                    max_seconds=CLI_MAX_SECONDS,
-                )
-        except ValueError as exc:
-            raise CliError(_flag_error(str(exc))) from None
+        runs = [(args.method, args.max_order, "")]
         if _with_proven(entry.name, args):
+            runs.append(("proven", None, " (proven)"))
+        found = []
+        for method, max_order, label in runs:
             try:
-                with _progress(f"account {entry.name} (proven)"):
-                    proven = account(
-                        entry.name,
-                        given,
-                        steps=args.steps,
-                        delta=args.delta,
-                        method="proven",
-                        max_seconds=CLI_MAX_SECONDS,
+                with _progress(f"account {entry.name}{label}"):
+                    found.append(
+                        account(
+                            entry.name,
+                            given,
+                            steps=args.steps,
+                            delta=args.delta,
+                            method=method,
+                            max_order=max_order,
+                            max_seconds=CLI_MAX_SECONDS,
+                        )
                     )
             except ValueError as exc:
                 raise CliError(_flag_error(str(exc))) from None
-            results = [r for pair in zip(results, proven, strict=True) for r in pair]
+        # Each count's default row, then its proven row.
+        results = [r for rows in zip(*found, strict=True) for r in rows]
     if sensitivity is not None:
         results = [_in_noise_units(r, args.noise_multiplier, sensitivity) for r in results]
     text = render.json_lines(results) if args.json else render.table(results)

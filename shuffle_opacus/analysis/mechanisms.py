@@ -253,6 +253,11 @@ _SIGMA_UNIT = (
 )
 
 
+_PROVEN_SAMPLED = Method(
+    "proven", None, _PROVEN_SUMMARY, _m.proven_pld, (*PROVEN_ASSUMPTIONS, _SECRET_SAMPLING)
+)
+
+
 def _whole(names: Sequence[str], summary: str) -> tuple[Method, ...]:
     return tuple(Method(name, None, summary) for name in names)
 
@@ -284,13 +289,7 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
             parameters=("n", "m", "sigma"),
             methods=(
                 _PLD,
-                Method(
-                    "proven",
-                    None,
-                    _PROVEN_SUMMARY,
-                    _m.proven_pld,
-                    (*PROVEN_ASSUMPTIONS, _SECRET_SAMPLING),
-                ),
+                _PROVEN_SAMPLED,
                 Method("theorem2", _m.theorem2, "Theorem 2: Wang et al. bound on Theorem 1 (RDP)"),
             ),
             neighbouring=_REPLACE_ONE,
@@ -308,13 +307,7 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
             parameters=("n", "rate", "sigma"),
             methods=(
                 _PLD,
-                Method(
-                    "proven",
-                    None,
-                    _PROVEN_SUMMARY,
-                    _m.proven_pld,
-                    (*PROVEN_ASSUMPTIONS, _SECRET_SAMPLING),
-                ),
+                _PROVEN_SAMPLED,
                 Method("exact", _m.checkin("exact"), "exact binomial average of Theorem 1 (RDP)"),
                 Method("sum", _m.checkin("sum"), "the paper's Eq. 17 summed over the binomial"),
                 Method("theorem3", _m.checkin("theorem3"), "the paper's Theorem 3 (Conjecture 1)"),
