@@ -300,7 +300,9 @@ def test_documented_runs_of_both_modes_match_the_accountant(name):
         expected = history_epsilon(
             [(1.5, 0.5, r)], protocol="checkin", delta=1e-5, population=100
         ).epsilon
-        assert float(rows[r]["epsilon"]) == pytest.approx(expected, rel=1e-9)
+        # rel 1e-8: the composition's FFT rounds differently across numpy/scipy builds (on a
+        # fresh set-up of 2026-11-28, round 15 moved by 1.2e-9 at the commit that wrote the CSV).
+        assert float(rows[r]["epsilon"]) == pytest.approx(expected, rel=1e-8)
 
 
 @pytest.mark.parametrize(
