@@ -168,7 +168,8 @@ class PrivacyConfig(_Section):
     sensitivity: float | Literal["replace-one", "paper"] = "replace-one"
     delta: float = Field(default=1e-5, gt=0, lt=1, allow_inf_nan=False)
     accountants: list[Annotated[str, AfterValidator(_known_curve)]] = Field(
-        default_factory=lambda: ["pld", "exact", "theorem3", "no-shuffle", "central"], min_length=1
+        default_factory=lambda: ["pld", "proven", "exact", "theorem3", "no-shuffle", "central"],
+        min_length=1,
     )
     noise_mode: Literal["sum", "per_client"] = "sum"
 

@@ -9,10 +9,60 @@ from shuffle_opacus.analysis.limits import PldRangeError
 from shuffle_opacus.protocols import sensitivity_assumptions, sensitivity_label
 
 from .config import ConfigError, ExperimentConfig
-from .curves import REPLACE_ONE, EpsilonCurves
+from .curves import PROVEN, REPLACE_ONE, EpsilonCurves
 from .session import Session
 
-__all__ = ["guarantee_record"]
+__all__ = ["guarantee_record", "proven_record", "rests_on"]
+
+#: How each route of the proven bound is named in the summary.
+_ROUTES = {
+    "blanket": "the reports' blanket pair, Theorem 4.1 of arXiv:2012.12803",
+    "clones": "the reports' clones pair, Theorem 3.8 of arXiv:2012.12803",
+    "gaussian": "the local Gaussian alone, no amplification by shuffling proven at this noise",
+}
+
+#: The secret coins each protocol's guarantees need besides the noise and the shuffle.
+_COINS = {"checkin": ", secret check-in coins", "subsampled": ", secret sampling coins"}
+
+
+def rests_on(protocol: str, method: str | None) -> str:
+    """Return the one line that says what the tight and the proven epsilon each rest on.
+
+    Args:
+        protocol: The protocol's name (``checkin``, ``subsampled`` or ``full``).
+        method: The tight guarantee's method (``pld``, or the Rényi bound it fell back to).
+    """
+    tight = method or "pld"
+    return (
+        f"tight ({tight}): Theorem 1's pair is the worst case (numerical evidence); proven: "
+        f"published theorems, no assumption on the other users' updates; both: secret noise, "
+        f"secret shuffle{_COINS.get(protocol, '')}"
+    )
+
+
+def proven_record(curves: EpsilonCurves, rounds: int) -> dict[str, Any]:
+    """Return the proven epsilon after ``rounds`` rounds with what it rests on.
+
+    Returns:
+        ``epsilon``, ``method`` (``proven``), ``route`` and ``route_text`` (which pair bounds
+        it), ``delta_pld`` and ``delta_coupling`` (how delta was split between the composed
+        pair and the stand-ins' total variation), ``details`` (the library's, level included),
+        ``sensitivity`` (always replace-one) and ``assumptions``.
+    """
+    result = curves.proven(rounds)
+    details = dict(result.details or {})
+    route = details.get("route")
+    return {
+        "epsilon": result.epsilon,
+        "method": PROVEN,
+        "route": route,
+        "route_text": _ROUTES.get(str(route), str(route)),
+        "delta_pld": details.get("delta_pld"),
+        "delta_coupling": details.get("delta_coupling"),
+        "details": details,
+        "sensitivity": sensitivity_label("replace-one"),
+        "assumptions": list(curves.protocol.analysis.assumptions_of(PROVEN)),
+    }
 
 
 def guarantee_record(
@@ -29,7 +79,8 @@ def guarantee_record(
         ``epsilon`` (the accountant's default: ``pld`` where the work limits allow it, else the
         Rényi bound), ``method``, ``epsilon_lower`` (the optimistic estimate of a ``pld``
         result), ``note``, ``delta``, ``neighbouring``, ``unit``, ``sensitivity``,
-        ``assumptions`` and ``seed``.
+        ``assumptions`` and ``seed``; when ``proven`` is a curve of the run, also ``proven``
+        (:func:`proven_record`) and ``rests_on`` (:func:`rests_on`, what each epsilon rests on).
     """
     result = curves.guarantee(rounds, lower=True) if rounds else None
     protocol = curves.protocol
@@ -55,28 +106,35 @@ def guarantee_record(
             "epsilon": curves.convention(rounds).epsilon,
             "assumptions": list(sensitivity_assumptions(config.privacy.sensitivity)),
         }
+    if PROVEN in curves.names and rounds:
+        record["proven"] = proven_record(curves, rounds)
+        record["rests_on"] = rests_on(protocol.name, record["method"])
     return record
 
 
 def _check_curves(session: Session) -> None:
     """Check, before anything is written, that every configured curve can be evaluated.
 
-    The per-round PMF of ``pld`` is built here (once per process), at the planned last round.
+    The per-round PMF of ``pld`` is built here (once per process), at the planned last round;
+    ``proven`` is evaluated there too, so that a setting it cannot evaluate fails before
+    training rather than at the summary.
 
     Raises:
-        ConfigError: one line naming ``privacy.accountants`` when ``pld`` cannot evaluate the
-            setting.
+        ConfigError: one line naming ``privacy.accountants`` when ``pld`` or ``proven`` cannot
+            evaluate the setting.
     """
     rounds = session.config.training.rounds
-    if "pld" not in session.curves.names:
-        return
-    try:
-        session.curves.epsilon("pld", rounds)
-    except PldRangeError as exc:
-        raise ConfigError(
-            f"privacy.accountants: pld cannot evaluate this setting ({str(exc).rstrip('.')}); "
-            f"remove it (the exact curve is the Rényi bound)"
-        ) from None
+    fixes = {"pld": "the exact curve is the Rényi bound", PROVEN: "pld is the tight guarantee"}
+    for name, fix in fixes.items():
+        if name not in session.curves.names:
+            continue
+        try:
+            session.curves.epsilon(name, rounds)
+        except PldRangeError as exc:
+            raise ConfigError(
+                f"privacy.accountants: {name} cannot evaluate this setting "
+                f"({str(exc).rstrip('.')}); remove it ({fix})"
+            ) from None
 
 
 def _check_history(session: Session, rounds: int, where: str) -> None:

@@ -31,7 +31,7 @@ from .checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
 from .config import ConfigError, ExperimentConfig, load_config, validate
 from .console import auto_threads, machine_load, usable_cores
 from .console import progress as _progress
-from .curves import REPLACE_ONE, curve_label, curve_list
+from .curves import PROVEN, REPLACE_ONE, curve_label, curve_list
 from .files import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
@@ -160,11 +160,17 @@ def _header(session: Session, run_dir: Path, start: int) -> list[str]:
     )
     names = session.curves.names
     headline = "pld" if "pld" in names else names[0]
+    # The proven bound first: _check_curves has just computed it at the last round (kept).
+    proven = (
+        f"; proven {session.curves.epsilon(PROVEN, t.rounds):.6g}"
+        if PROVEN in names and headline != PROVEN
+        else ""
+    )
     budget = session.curves.epsilon(headline, t.rounds)
     lines.append(
         f"privacy         noise multiplier {config.privacy.noise_multiplier}, clipping "
         f"{config.privacy.clipping_norm}; epsilon after all rounds {budget:.6g} "
-        f"({headline}, delta {config.privacy.delta:g})"
+        f"({headline}, delta {config.privacy.delta:g}){proven}"
     )
     return lines
 
@@ -200,9 +206,12 @@ def _train(
     expected = state.get("epsilon_sha256") if state is not None else None
     epsilon_digest = _checked_epsilons(session, metrics_path, rows, expected, echo)
     last_acc: float | None = None
+    last_proven: float | None = None  # shown beside the accuracy: both change at evaluations
     for row in rows:
         if row["test_accuracy"]:
             last_acc = float(row["test_accuracy"])
+        if row.get(f"eps_{PROVEN}"):
+            last_proven = float(row[f"eps_{PROVEN}"])
     rounds = config.training.rounds
     t = config.training
     names = curve_list(config)
@@ -253,6 +262,11 @@ def _train(
                     flushed_at = now
                 shown = eps[first_curve]
                 postfix = {f"eps[{first_curve}]": "-" if shown is None else f"{shown:.4g}"}
+                if eps.get(PROVEN) is not None:
+                    last_proven = eps[PROVEN]
+                if last_proven is not None and first_curve != PROVEN:
+                    # Computed at evaluation rounds only (a sparse curve): the latest, as acc.
+                    postfix[f"eps[{PROVEN}]"] = f"{last_proven:.4g}"
                 if last_acc is not None:
                     postfix["acc"] = f"{last_acc:.2%}"
                 bar.set_postfix(postfix, refresh=False)
@@ -503,6 +517,8 @@ def summary_table(result: RunResult) -> str:
         lines.append(
             f"epsilon         {g['epsilon']:.6g} at delta={g['delta']:g} ({g['method']}{bracket})"
         )
+        if g.get("proven"):
+            lines.append(f"proven          {_proven_text(g['proven'], g['delta'])}")
         lines.append(f"guarantee       {g['neighbouring']}, unit of privacy: {g['unit']}")
         lines.append(f"sensitivity     {g['sensitivity']}")
         lines.extend(f"assumes         {a}" for a in g["assumptions"])
@@ -518,7 +534,19 @@ def summary_table(result: RunResult) -> str:
     lines.append(f"{'accountant'.ljust(width)}  epsilon at delta={result.delta:g}")
     for name, eps in result.epsilon.items():
         lines.append(f"{labels[name].ljust(width)}  {eps:.6g}")
+    if g and g.get("rests_on"):
+        lines.append(f"rests on        {g['rests_on']}")
     if result.plots:
         lines.append("")
         lines.extend(f"plot            {p}" for p in result.plots if p.suffix == ".png")
     return "\n".join(lines)
+
+
+def _proven_text(proven: dict[str, Any], delta: float) -> str:
+    """Return the summary's proven line after its key: epsilon, route and delta's split."""
+    split = ""
+    if proven.get("delta_pld") is not None:
+        split = f"; delta {proven['delta_pld']:.3g} to the PLD"
+        if proven.get("delta_coupling"):
+            split += f", {proven['delta_coupling']:.3g} to the stand-ins"
+    return f"{proven['epsilon']:.6g} at delta={delta:g} (proven: {proven['route_text']}{split})"

@@ -31,7 +31,9 @@ def with_value(path: str, value):
 def test_defaults_fill_in():
     cfg = validate(BASE)
     assert cfg.privacy.delta == 1e-5 and cfg.training.eval_every == 100
-    assert cfg.privacy.accountants == ["pld", "exact", "theorem3", "no-shuffle", "central"]
+    assert cfg.privacy.accountants == [
+        "pld", "proven", "exact", "theorem3", "no-shuffle", "central"
+    ]  # fmt: skip
     assert cfg.data.source == "auto" and cfg.model.name == "cnn" and cfg.seed == 0
 
 
