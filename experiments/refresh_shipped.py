@@ -1,6 +1,6 @@
 """Recompute the epsilons of the shipped runs' figures and summaries from their configs.
 
-    .venv/bin/python experiments/refresh_shipped.py [NAME ...]
+    .venv/bin/python experiments/refresh_shipped.py [--add] [NAME ...]
 
 Epsilon after a round is a function of the config alone (the curves never look at which clients
 checked in), so when the accounting changes, the shipped runs' epsilon columns can be recomputed
@@ -15,6 +15,12 @@ the ``epsilon`` column of each ``rounds.csv`` is what the strategy's accountant 
 summaries' ``epsilon`` follows, and the figure is redrawn by ``experiments/flower_mnist/plot.py``.
 The accuracies, times and everything else the runs measured are kept as they were. Progress goes
 to standard error.
+
+With ``--add`` only the curves of the config that the shipped files lack (a curve added to the
+config, ``proven`` say) are computed: every value the shipped CSVs and summary already hold is
+kept byte for byte, the new columns, ``epsilon`` and ``labels`` entries and the guarantee's
+``proven`` and ``rests_on`` are added, and the figures are redrawn (rounds that no shipped CSV
+holds are computed by the current code for the drawing only).
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ import tempfile
 from pathlib import Path
 
 from shuffle_experiments.config import load_config
-from shuffle_experiments.curves import EpsilonCurves, curve_label, curve_list
+from shuffle_experiments.curves import SPARSE_CURVES, EpsilonCurves, curve_label, curve_list
+from shuffle_experiments.guarantee import proven_record, rests_on
 from shuffle_experiments.plots import plot_run
 from shuffle_experiments.runner import guarantee_record
 from tqdm import tqdm
@@ -38,14 +45,31 @@ FIGURES = ROOT / "docs" / "figures"
 SHIPPED = ("paper", "quick", "users", "users_cohort", "users_flower", "flower")
 
 
-def refresh(name: str) -> None:
-    """Recompute the epsilons of one shipped run (see the module docstring)."""
+def _shipped_rows(path: Path) -> dict[int, dict[str, str]]:
+    """Return the rows of a shipped CSV by round (none if there is no such file)."""
+    if not path.exists():
+        return {}
+    with path.open(newline="") as fh:
+        return {int(row["round"]): row for row in csv.DictReader(fh)}
+
+
+def refresh(name: str, *, add: bool = False) -> None:
+    """Recompute the epsilons of one shipped run (see the module docstring).
+
+    Args:
+        name: The shipped run (its config's name).
+        add: Compute only the curves the shipped files lack and keep every value they hold.
+    """
     config = load_config(ROOT / "configs" / f"{name}.yaml")
     clients = (
         config.clients.count if config.clients is not None else config.data.train_subset or 60000
     )
-    with (FIGURES / f"{name}_accuracy_vs_epsilon.csv").open(newline="") as fh:
-        accuracy = {int(row["round"]): row["test_accuracy"] for row in csv.DictReader(fh)}
+    shipped = _shipped_rows(FIGURES / f"{name}_accuracy_vs_epsilon.csv")
+    accuracy = {t: row["test_accuracy"] for t, row in shipped.items()}
+    # The shipped values a round keeps with --add: its evaluation row, else its every-round row.
+    kept = _shipped_rows(FIGURES / f"{name}_epsilon_vs_rounds.csv") if add else {}
+    if add:
+        kept.update(shipped)
     rounds = config.training.rounds
     curves = EpsilonCurves(config, clients)
     names = curve_list(config)
@@ -61,8 +85,14 @@ def refresh(name: str) -> None:
                 evaluated = t in accuracy or t == rounds
                 row = {"round": str(t), "participants": "", "train_loss": "", "test_loss": ""}
                 row["test_accuracy"] = accuracy.get(t, "")
-                for curve, value in curves.row(t, sparse=evaluated).items():
-                    row[f"eps_{curve}"] = "" if value is None else repr(value)
+                for curve in names:
+                    column = f"eps_{curve}"
+                    if column in kept.get(t, {}):
+                        row[column] = kept[t][column]
+                    elif evaluated or curve not in SPARSE_CURVES:
+                        row[column] = repr(curves.epsilon(curve, t))
+                    else:
+                        row[column] = ""
                 writer.writerow(row)
         for path in plot_run(run_dir):
             target = FIGURES / f"{name}_{path.name}"
@@ -70,9 +100,18 @@ def refresh(name: str) -> None:
                 shutil.copy(path, target)
     summary_path = FIGURES / f"{name}_summary.json"
     summary = json.loads(summary_path.read_text())
-    summary["epsilon"] = {n: curves.epsilon(n, rounds) for n in names}
-    summary["labels"] = {n: curve_label(n, config) for n in names}
-    summary["guarantee"] = guarantee_record(config, curves, rounds)
+    if add:
+        old = summary["epsilon"], summary["labels"]
+        summary["epsilon"] = {n: old[0].get(n, curves.epsilon(n, rounds)) for n in names}
+        summary["labels"] = {n: old[1].get(n, curve_label(n, config)) for n in names}
+        guarantee = summary["guarantee"]
+        if "proven" in names and "proven" not in guarantee:
+            guarantee["proven"] = proven_record(curves, rounds)
+            guarantee["rests_on"] = rests_on(config.protocol.kind, guarantee["method"])
+    else:
+        summary["epsilon"] = {n: curves.epsilon(n, rounds) for n in names}
+        summary["labels"] = {n: curve_label(n, config) for n in names}
+        summary["guarantee"] = guarantee_record(config, curves, rounds)
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"{name}: {json.dumps(summary['guarantee'])}", file=sys.stderr)
 
@@ -130,12 +169,17 @@ def refresh_flower() -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Refresh the named shipped runs (all by default)."""
+    """Refresh the named shipped runs (all by default); ``--add``: only the new curves."""
+    add = "--add" in argv
+    argv = [a for a in argv if a != "--add"]
     for name in argv or SHIPPED:
         if name not in SHIPPED:
             print(f"unknown run {name!r}; one of {', '.join(SHIPPED)}", file=sys.stderr)
             return 2
-        refresh_flower() if name == "flower" else refresh(name)
+        if add and name == "flower":
+            print("--add applies to the configs' runs, not flower", file=sys.stderr)
+            return 2
+        refresh_flower() if name == "flower" else refresh(name, add=add)
     return 0
 
 
