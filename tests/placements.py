@@ -20,8 +20,11 @@ mu_k> + |mu_k|^2``: the ``|v|^2`` terms and ``sum_k |mu_k|^2`` do not depend on 
 
     log p_D(v) = c(v) - sum_k |mu_k|^2 / (2 s^2) + log mean_pi exp(sum_j <v_j, mu_pi(j)> / s^2),
 
-a log-mean-exp over the ``n!`` permutations (``n <= 4`` here, so at most 24 terms) of the Gram
-matrix ``<v_j, mu_k> / s^2``; ``c(v)`` cancels in the likelihood ratio ``L = p_{D'} / p_D``.
+a log-mean-exp over the ``n!`` permutations of the Gram matrix ``<v_j, mu_k> / s^2`` (the
+default up to ``n = 3``); ``c(v)`` cancels in the likelihood ratio ``L = p_{D'} / p_D``. The mean
+over permutations is a permanent; above ``n = 3`` (up to :data:`MAX_USERS`) it is expanded along
+the differing user's column, whose cofactors come from a recursion over subsets of the reports
+(``n 2^(n-1)`` positive terms per sample, see :func:`_log_cofactors`).
 
 Orientations. ``forward`` is ``H_{e^eps}(M(D') || M(D))`` (Theorem 1's direction when ``D`` puts
 everyone at the common value), ``reverse`` is ``H_{e^eps}(M(D) || M(D'))``. Each is estimated two
@@ -190,7 +193,7 @@ def placement(
         The placement.
 
     Raises:
-        ValueError: on inconsistent shapes, ``n > 5`` or a non-positive noise.
+        ValueError: on inconsistent shapes, ``n >`` :data:`MAX_USERS` or a non-positive noise.
     """
     x_arr = np.asarray(x, dtype=float).ravel()
     xp_arr = np.asarray(x_prime, dtype=float).ravel()
@@ -198,8 +201,8 @@ def placement(
     o_arr = np.asarray(others, dtype=float).reshape(-1, d) if len(others) else np.zeros((0, d))
     if xp_arr.shape != (d,) or o_arr.shape[1] != d:
         raise ValueError(f"all inputs must have dimension {d}.")
-    if o_arr.shape[0] + 1 > 5:
-        raise ValueError(f"n must be at most 5 (n! terms per sample). Found {o_arr.shape[0] + 1}.")
+    if o_arr.shape[0] + 1 > MAX_USERS:
+        raise ValueError(f"n must be at most {MAX_USERS}. Found {o_arr.shape[0] + 1}.")
     if not noise > 0:
         raise ValueError(f"noise must be > 0. Found {noise!r}.")
     return Placement(x_arr, xp_arr, o_arr, float(noise))
@@ -246,19 +249,100 @@ def _log_mean_exp_permanent(v: np.ndarray, means: np.ndarray, noise: float) -> n
     return log_mean - float(np.sum(means**2)) / (2.0 * noise**2)
 
 
-def log_likelihood_ratio(v: np.ndarray, pl: Placement) -> np.ndarray:
+#: Largest ``n`` :func:`log_likelihood_ratio` takes (``n 2^(n-1)`` terms per sample by subsets).
+MAX_USERS = 10
+#: Up to this ``n`` the permutation sum (at most 6 terms) is the default; above it, subsets.
+_MAX_PERMUTATIONS = 3
+#: Table entries per batch of the subset recursion (``2^n`` per sample), to stay in cache.
+_SUBSET_TABLE = 1 << 16
+
+
+@functools.lru_cache(maxsize=16)
+def _subset_layers(n: int) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
+    """For ``k = 1 .. n - 1``: the row subsets with ``k`` rows (bit masks), and for each the
+    ``k`` pairs (the subset without row ``j``, row ``j``) that the recursion sums over."""
+    layers = []
+    for k in range(1, n):
+        masks = [m for m in range(1 << n) if bin(m).count("1") == k]
+        rows = [[j for j in range(n) if m >> j & 1] for m in masks]
+        pred = [[m & ~(1 << j) for j in r] for m, r in zip(masks, rows, strict=True)]
+        layers.append((np.array(masks), np.array(pred), np.array(rows)))
+    return tuple(layers)
+
+
+def _log_cofactors(v: np.ndarray, others: np.ndarray, noise: float) -> np.ndarray:
+    """``log m_j`` up to a per-sample constant, where ``m_j`` is the permanent of
+    ``B_ik = exp(<v_i, y_k>/s^2)`` (rows ``i != j``, columns the ``n - 1`` other users).
+
+    The permanent of the ``n x n`` matrix with first column ``a`` (the differing user) is
+    ``sum_j a_j m_j`` (expansion along that column), so one table of cofactors gives both
+    ``p_D`` and ``p_{D'}``. ``m_j`` comes from the recursion over row subsets ``S`` (Ryser's
+    order without his signs: every term is positive, so nothing cancels),
+    ``P_k(S) = sum_{j in S} P_{k-1}(S - j) B_{j,k}`` with ``|S| = k``, ``m_j = P_{n-1}(all - j)``:
+    ``n 2^(n-1)`` products per sample. Each column of ``B`` and each layer of the table is
+    divided by its largest entry (per sample), which scales every ``m_j`` alike.
+    """
+    samples, n, _ = v.shape
+    if n == 1:
+        return np.zeros((samples, 1))
+    scores = (v.reshape(-1, v.shape[2]) @ (others.T / noise**2)).reshape(samples, n, n - 1)
+    if np.all(others == others[0]):  # one common value: m_j is (n-1)! prod_{i != j} B_i1
+        return -scores[:, :, 0]
+    out = np.empty((samples, n))
+    full = (1 << n) - 1
+    last = full ^ (1 << np.arange(n))
+    chunk = max(256, _SUBSET_TABLE >> n)
+    for start in range(0, samples, chunk):
+        # Samples last, so that every gather below copies contiguous rows.
+        sc = np.ascontiguousarray(scores[start : start + chunk].transpose(1, 2, 0))
+        b = np.exp(sc - sc.max(axis=0, keepdims=True))  # (n, n - 1, chunk)
+        table = np.empty((1 << n, sc.shape[2]))
+        table[0] = 1.0
+        for k, (masks, pred, rows) in enumerate(_subset_layers(n)):
+            layer = (table[pred] * b[rows, k]).sum(axis=1)  # (subsets, chunk)
+            table[masks] = layer / layer.max(axis=0, keepdims=True)
+        with np.errstate(divide="ignore"):
+            out[start : start + chunk] = np.log(table[last]).T
+    return out
+
+
+def _log_sum_exp(a: np.ndarray) -> np.ndarray:
+    top = a.max(axis=1, keepdims=True)
+    return top[:, 0] + np.log(np.exp(a - top).sum(axis=1))
+
+
+def log_likelihood_ratio(v: np.ndarray, pl: Placement, method: str = "auto") -> np.ndarray:
     """``log L(v) = log p_{D'}(v) - log p_D(v)`` of the shuffled outputs at ordered tuples ``v``.
 
     Args:
         v: Outputs, shape ``(samples, n, d)``.
         pl: The placement.
+        method: ``"permutations"`` (the log-mean-exp over the ``n!`` orderings, one matrix
+            product), ``"subsets"`` (the cofactor recursion of :func:`_log_cofactors`,
+            ``n 2^(n-1)`` products per sample), or ``"auto"``: permutations up to ``n = 3``.
 
     Returns:
         Array of shape ``(samples,)``.
+
+    Raises:
+        ValueError: on an unknown method.
     """
-    return _log_mean_exp_permanent(v, pl.means("D'"), pl.noise) - _log_mean_exp_permanent(
-        v, pl.means("D"), pl.noise
+    if method == "auto":
+        method = "permutations" if pl.n <= _MAX_PERMUTATIONS else "subsets"
+    if method == "permutations":
+        return _log_mean_exp_permanent(v, pl.means("D'"), pl.noise) - _log_mean_exp_permanent(
+            v, pl.means("D"), pl.noise
+        )
+    if method != "subsets":
+        raise ValueError(f"method must be 'auto', 'permutations' or 'subsets'. Found {method!r}.")
+    s2 = pl.noise**2
+    log_m = _log_cofactors(v, pl.others, pl.noise)
+    flat = v.reshape(-1, v.shape[2])
+    first_p = (flat @ (pl.x_prime / s2)).reshape(v.shape[:2]) - float(pl.x_prime @ pl.x_prime) / (
+        2 * s2
     )
+    first_q = (flat @ (pl.x / s2)).reshape(v.shape[:2]) - float(pl.x @ pl.x) / (2 * s2)
+    return _log_sum_exp(first_p + log_m) - _log_sum_exp(first_q + log_m)
 
 
 @dataclass(frozen=True, eq=False)
