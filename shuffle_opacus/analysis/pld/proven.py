@@ -241,12 +241,12 @@ def blanket_pair(setting: ShuffleRound, p: float, tail: float) -> ProvenPair:
     The differing user's report is ``q Q1(x_b) + (1 - q) Q0`` (``q`` from
     :func:`blanket_mass`); every other report is, in its stand-in, ``p`` of each of
     ``Q1(x_0)``, ``Q1(x_1)``, ``Q0`` and ``1 - 3p`` of a left-over. The observer sees the counts
-    ``(a, b, c, d)`` of the four kinds; its loss is ``log(K + q a) - log(K + q b)`` with
-    ``K = (e + 1) p + (1 - q) c`` (``e`` users silent) under check-in, ``(n - m) p + (1 - q) c``
-    under fixed-size sampling and ``(1 - q) c`` when all report. ``(a, b, c)`` are enumerated
-    exactly; the silent count ``e`` (check-in only) is bounded by its window and the loss
-    taken at the end of it that makes it largest, with the mass outside the window added at
-    infinity. Derivation: docs/maths.md, "A proven bound".
+    ``(a, b, c, d)`` of the four kinds. Under check-in (and full participation, rate 1) the
+    silent users are folded into the randomiser, so ``q' = rate q`` and ``p' = rate p`` and the
+    loss is ``log(q'a + (1 - q')c) - log(q'b + (1 - q')c)``; under fixed-size sampling it is
+    ``log(K + q a) - log(K + q b)`` with ``K = (n - m) p + (1 - q) c``. ``(a, b, c)`` are
+    enumerated exactly, the mass outside the windows added at infinity. Derivation:
+    docs/maths.md, "A proven bound".
 
     Args:
         setting: The round.
