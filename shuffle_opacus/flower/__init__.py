@@ -2,9 +2,10 @@
 
 The shuffled check-in protocol of Liew & Takahashi (*Shuffle Gaussian Mechanism for Differential
 Privacy*, arXiv:2206.09569) at user level: one Flower node is one unit of privacy, ``n`` the
-number of nodes, and ε is reported after every round. Two trust modes share one accountant
-(:func:`shuffle_opacus.history_epsilon`, protocol ``checkin``) and one strategy base
-(:mod:`.checkin_base`). **Trusted-server**: :class:`LocalShuffleDPMod` clips and noises each
+number of nodes, and ε is reported after every round (the tight ``pld``; the proven ε,
+:data:`EPSILON_PROVEN_KEY`, at evaluation rounds and the last round). Two trust modes share
+one accountant (:func:`shuffle_opacus.history_epsilon`, protocol ``checkin``) and one strategy
+base (:mod:`.checkin_base`). **Trusted-server**: :class:`LocalShuffleDPMod` clips and noises each
 node's update, :class:`ShuffleCheckInFedAvg` draws the coins and a shuffler simulated in the
 ServerApp strips identities (:mod:`.shuffler`). **Secure aggregation**: :class:`SecAggCheckInMod`
 flips each node's own coin and feeds Flower's SecAgg+, :class:`SecAggCheckInFedAvg` learns only
@@ -25,6 +26,7 @@ if importlib.util.find_spec("flwr") is None:  # pragma: no cover - exercised in 
         "pip install 'shuffle-opacus[flower]'"
     )
 
+from .checkin_base import EPSILON_PROVEN_KEY  # noqa: E402
 from .config import METRIC_KEYS, MODES, SECAGG, TRUSTED_SERVER, ShufflePrivacyConfig  # noqa: E402
 from .mod import LocalShuffleDPMod  # noqa: E402
 from .modes import PrivacyModeMod  # noqa: E402
@@ -36,6 +38,7 @@ from .strategy import ROUND_METRIC_KEYS, ProtocolViolationError, ShuffleCheckInF
 from .testing import InProcessGrid  # noqa: E402
 
 __all__ = [
+    "EPSILON_PROVEN_KEY",
     "METRIC_KEYS",
     "MODES",
     "ROUND_METRIC_KEYS",

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .checkin_base import read_round_line
+from .checkin_base import EPSILON_PROVEN_KEY, read_round_line
 from .federation import ENGINES, LocalFederation, RunOutcome, write_config
 
 __all__ = ["ENGINES", "LocalFederation", "RoundPrinter", "RunOutcome", "main", "write_config"]
@@ -31,9 +31,10 @@ class RoundPrinter:
     After every round both check-in strategies log one JSON line
     (:func:`~shuffle_opacus.flower.checkin_base.round_line`); this prints it as
     ``round N/T: <counts>, epsilon E (delta D)`` (``R reports`` in the trusted-server mode; the
-    nodes in the secure sum and the number checked in under SecAgg+), with the accuracy of the
-    round's server evaluation appended when there is one, and the stop reason of a round that
-    ended the run. Every other line is ignored.
+    nodes in the secure sum and the number checked in under SecAgg+), with ``proven epsilon P``
+    where the line carries the proven ε (evaluation rounds and the last round), the accuracy of
+    the round's server evaluation when there is one, and the stop reason of a round that ended
+    the run. Every other line is ignored.
 
     Args:
         write: Where the lines go (``print`` by default).
@@ -73,6 +74,8 @@ class RoundPrinter:
             counts = f"{metrics.get('num-reports', '?')} reports"
         epsilon, delta = _number(metrics.get("epsilon"), ".6g"), _number(metrics.get("delta"), "g")
         text = f"round {where}: {counts}, epsilon {epsilon} (delta {delta})"
+        if EPSILON_PROVEN_KEY in metrics:
+            text += f", proven epsilon {_number(metrics[EPSILON_PROVEN_KEY], '.6g')}"
         evaluation = record.get("evaluation") or {}
         accuracy = next((k for k in evaluation if "accuracy" in k), None)
         if accuracy is not None:
@@ -132,7 +135,8 @@ where things go:
                         epsilon, check-ins, reports, test accuracy when evaluated) and
                         summary.json there when --out-dir is given (or -c "out-dir='/abs'");
                         without it, it writes no file
-  the console           one line per round (reports, epsilon, accuracy when evaluated)
+  the console           one line per round (reports, epsilon, the proven epsilon and the
+                        accuracy when evaluated, the proven epsilon at the last round)
 """
 
 

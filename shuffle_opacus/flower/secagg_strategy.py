@@ -10,7 +10,10 @@ by :class:`~shuffle_opacus.flower.secagg_workflow.SecAggWorkflow` (which halts a
 more than ``D`` nodes and checks every reply's form). A decoded sum no honest round produces is
 rejected (:func:`~shuffle_opacus.flower.secagg_decode.decode_sum`). The start-up check, the budget
 stop and the round bookkeeping are :class:`~shuffle_opacus.flower.checkin_base.CheckInBase`'s.
-ε is the check-in accountant's with population ``n − D``; the privacy statement and what it
+ε is the check-in accountant's with population ``n − D``: ``epsilon`` every round by the
+configured method (the tight ``pld`` by default), the proven ε (``epsilon-proven``, method
+``proven``) at evaluation rounds and the last round only, as it costs more per round (see
+:class:`~shuffle_opacus.flower.checkin_base.CheckInBase`); the privacy statement and what it
 assumes are in ``docs/flower.md``. No client-side evaluation.
 """
 
@@ -71,7 +74,9 @@ from .secagg_workflow import SecAggWorkflow
 
 __all__ = ["SECAGG_ROUND_METRIC_KEYS", "SecAggCheckInFedAvg"]
 
-#: Keys of the MetricRecord the strategy records for every round of the secure-aggregation mode.
+#: Keys of the MetricRecord the strategy records for every round of the secure-aggregation mode
+#: (``start`` adds :data:`~shuffle_opacus.flower.checkin_base.EPSILON_PROVEN_KEY` at evaluation
+#: rounds and the last round).
 SECAGG_ROUND_METRIC_KEYS: tuple[str, ...] = (
     "epsilon",
     "delta",
@@ -98,7 +103,9 @@ class SecAggCheckInFedAvg(CheckInBase, Strategy):
             (set by :meth:`start`, which knows the model's size).
         history: Accounted rounds ``(noise_multiplier, rate, rounds)``.
         epsilons: ε after each round that ran, by round number.
-        round_metrics: The metrics of each round (:data:`SECAGG_ROUND_METRIC_KEYS`).
+        epsilons_proven: The proven ε after the evaluation rounds and the last round.
+        round_metrics: The metrics of each round (:data:`SECAGG_ROUND_METRIC_KEYS`, and
+            ``epsilon-proven`` at evaluation rounds and the last round).
         stop_reason: Why :meth:`start` ended before ``num_rounds`` (``None`` otherwise).
         skip_reasons: Why the update of a round was not applied, by round number (its
             decoded sum failed :func:`~shuffle_opacus.flower.secagg_decode.decode_sum`).
@@ -117,6 +124,7 @@ class SecAggCheckInFedAvg(CheckInBase, Strategy):
         max_epsilon: float | None = None,
         node_wait_timeout: float = 600.0,
         verify_nodes: bool = True,
+        report_proven: bool = True,
     ) -> None:
         """Create the strategy.
 
@@ -130,6 +138,9 @@ class SecAggCheckInFedAvg(CheckInBase, Strategy):
             max_epsilon: ε budget (> 0) or ``None``.
             node_wait_timeout: Seconds to wait for the ``num_nodes`` nodes (> 0).
             verify_nodes: Run the start-up check (:meth:`verify_nodes`) in :meth:`start`.
+            report_proven: Record the proven ε (``epsilon-proven``) at evaluation rounds and
+                the last round (default); ``False`` skips it (:meth:`epsilon_proven` still
+                computes it on demand).
 
         Raises:
             ValueError: for an argument outside its range.
@@ -143,7 +154,9 @@ class SecAggCheckInFedAvg(CheckInBase, Strategy):
             max_dropouts=max_dropouts,
         )
         super().__init__()
-        self._init_checkin(privacy, num_nodes, max_epsilon, node_wait_timeout, verify_nodes)
+        self._init_checkin(
+            privacy, num_nodes, max_epsilon, node_wait_timeout, verify_nodes, report_proven
+        )
         self.max_dropouts = int(max_dropouts)
         self.parameters: SecAggParameters | None = None
         self.skip_reasons: dict[int, str] = {}
@@ -328,7 +341,9 @@ class SecAggCheckInFedAvg(CheckInBase, Strategy):
             "├──> Shuffled check-in on the nodes under SecAgg+ (no trusted server)",
             f"│\t├── nodes n = {self.num_nodes}, check-in rate = {p.rate:g} (drawn by each node)",
             f"│\t├── clip norm C = {p.clip_norm:g}, noise multiplier = {p.noise_multiplier:g}",
-            f"│\t├── sensitivity = {p.sensitivity:g} C, delta = {p.delta:g}, method {p.method}",
+            f"│\t├── sensitivity = {p.sensitivity:g} C, delta = {p.delta:g}, epsilon by method "
+            f"{p.method or 'pld (default)'}, epsilon-proven by method proven (evaluation rounds "
+            "and the last round)",
             f"│\t├── max dropouts D = {self.max_dropouts}: accountant population n - D = "
             f"{self.population}",
         ]
@@ -369,7 +384,11 @@ class SecAggCheckInFedAvg(CheckInBase, Strategy):
         (:func:`~shuffle_opacus.flower.secagg.secagg_parameters`), then the start-up check.
         Each round is one run of Flower's ``SecAggPlusWorkflow`` (set-up, key sharing, masked
         vectors, unmasking) with :meth:`configure_fit` and :meth:`aggregate_fit`, then
-        ``evaluate_fn`` on the server.
+        ``evaluate_fn`` on the server. Every round's metrics carry ``epsilon`` (the configured
+        method, the tight ``pld`` by default); the evaluation rounds (``evaluate_fn`` returned
+        metrics) and the last round also carry ``epsilon-proven`` (method ``proven``, not
+        computed every round: it costs more per round); :meth:`guarantees` says what each
+        rests on.
 
         Args:
             grid: The Grid of the ServerApp.

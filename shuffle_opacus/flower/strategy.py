@@ -8,7 +8,11 @@ in; the replies lose their node identities and are permuted
 parameters and the model's shapes (else :class:`ProtocolViolationError`), are dropped beyond
 :meth:`~ShuffleCheckInFedAvg.report_bound`, and FedAvg averages the rest. Every configured
 round, an empty one included, is accounted by the check-in accountant (population
-``num_nodes``). The start-up check, the budget stop and the round bookkeeping are
+``num_nodes``): ``epsilon`` every round by the configured method (the tight ``pld`` by
+default), and beside it the proven ε (``epsilon-proven``, method ``proven``) at evaluation
+rounds and the last round only, because it costs more per round (see
+:class:`~shuffle_opacus.flower.checkin_base.CheckInBase`). The start-up check, the budget stop
+and the round bookkeeping are
 :class:`~shuffle_opacus.flower.checkin_base.CheckInBase`'s. The privacy statement (Theorem 1 of
 Liew & Takahashi, arXiv:2206.09569, with a trusted shuffler) is in ``docs/flower.md``. No
 client-side evaluation: evaluate on the server with public data (``evaluate_fn``).
@@ -55,7 +59,9 @@ __all__ = [
 
 _CHECKIN = get_protocol("checkin")
 
-#: Keys of the MetricRecord the strategy records for every round.
+#: Keys of the MetricRecord the strategy records for every round (``start`` adds
+#: :data:`~shuffle_opacus.flower.checkin_base.EPSILON_PROVEN_KEY` at evaluation rounds and the
+#: last round).
 ROUND_METRIC_KEYS: tuple[str, ...] = (
     "epsilon",
     "delta",
@@ -81,7 +87,9 @@ class ShuffleCheckInFedAvg(CheckInBase, FedAvg):
         max_epsilon: ε budget at ``privacy.delta`` (``None``: none).
         history: Accounted rounds in Opacus's format ``(noise_multiplier, rate, rounds)``.
         epsilons: ε after each round that ran, by round number.
-        round_metrics: The metrics of each round that ran (:data:`ROUND_METRIC_KEYS`).
+        epsilons_proven: The proven ε after the evaluation rounds and the last round.
+        round_metrics: The metrics of each round that ran (:data:`ROUND_METRIC_KEYS`, and
+            ``epsilon-proven`` at evaluation rounds and the last round).
         stop_reason: Why :meth:`start` ended before ``num_rounds`` (``None`` otherwise).
     """
 
@@ -98,6 +106,7 @@ class ShuffleCheckInFedAvg(CheckInBase, FedAvg):
         node_wait_timeout: float = 600.0,
         tolerate_dropouts: bool = False,
         verify_nodes: bool = True,
+        report_proven: bool = True,
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
     ) -> None:
@@ -118,6 +127,10 @@ class ShuffleCheckInFedAvg(CheckInBase, FedAvg):
             verify_nodes: Run the start-up check (:meth:`verify_nodes`) in :meth:`start`
                 before the first round (default). It costs one exchange with every node
                 without a model; switch it off only where the nodes are known to agree.
+            report_proven: Record the proven ε (``epsilon-proven``) at evaluation rounds and
+                the last round (default). ``False`` skips it (where it would take long: it
+                costs more than the tight ε, and much more at some settings, e.g. tiny σ or
+                γ); :meth:`epsilon_proven` still computes it on demand.
             arrayrecord_key: Key of the model in instructions (FedAvg's).
             configrecord_key: Key of the config in instructions (FedAvg's).
 
@@ -131,7 +144,9 @@ class ShuffleCheckInFedAvg(CheckInBase, FedAvg):
             raise ValueError(
                 f"tolerate_dropouts must be True or False. Found {tolerate_dropouts!r}."
             )
-        self._init_checkin(privacy, num_nodes, max_epsilon, node_wait_timeout, verify_nodes)
+        self._init_checkin(
+            privacy, num_nodes, max_epsilon, node_wait_timeout, verify_nodes, report_proven
+        )
         rng = make_rng(seed)
         super().__init__(
             fraction_train=1.0,
@@ -204,7 +219,12 @@ class ShuffleCheckInFedAvg(CheckInBase, FedAvg):
         log(INFO, "\t│\t├── clip norm C = %g", p.clip_norm)
         log(INFO, "\t│\t├── noise multiplier = %g", p.noise_multiplier)
         log(INFO, "\t│\t├── sensitivity = %g C, delta = %g", p.sensitivity, p.delta)
-        log(INFO, "\t│\t├── check-in analysis: method %s", p.method)
+        log(
+            INFO,
+            "\t│\t├── check-in analysis: epsilon by method %s, epsilon-proven by method proven "
+            "(evaluation rounds and the last round)",
+            p.method or "pld (default)",
+        )
         budget = "none" if self.max_epsilon is None else f"{self.max_epsilon:g}"
         log(INFO, "\t│\t└── epsilon budget: %s", budget)
         log(INFO, "\t└──> No client-side evaluation (it would release unaccounted statistics)")
@@ -424,9 +444,13 @@ class ShuffleCheckInFedAvg(CheckInBase, FedAvg):
         allows no round). Then each round: check-in and instructions (:meth:`configure_train`),
         the replies of the nodes that checked in (none are waited for in an empty round),
         shuffling, checks, averaging and accounting (:meth:`aggregate_train`), then
-        ``evaluate_fn`` on the server and one JSON line on the log
+        ``evaluate_fn`` on the server, the proven ε where ``evaluate_fn`` returned metrics and
+        at the last round, and one JSON line on the log
         (:func:`~shuffle_opacus.flower.checkin_base.round_line`). The round's metrics go to
-        ``result.train_metrics_clientapp[round]``.
+        ``result.train_metrics_clientapp[round]``: ``epsilon`` (the configured method, the
+        tight ``pld`` by default) every round, ``epsilon-proven`` (method ``proven``, not
+        computed every round: it costs more per round) at evaluation rounds and the last
+        round; :meth:`guarantees` says what each rests on.
 
         Args:
             grid: The Grid of the ServerApp.

@@ -26,6 +26,7 @@ pytest.importorskip("flwr")
 
 from shuffle_opacus import history_epsilon  # noqa: E402
 from shuffle_opacus.flower import ROUND_METRIC_KEYS, SECAGG_ROUND_METRIC_KEYS  # noqa: E402
+from shuffle_opacus.flower.checkin_base import EPSILON_PROVEN_KEY  # noqa: E402
 from shuffle_opacus.flower.federation import (  # noqa: E402
     LocalFederation,
     _alive,
@@ -123,14 +124,17 @@ def test_flwr_run_simulation_both_modes(tmp_path):
     assert sorted(trusted["rounds"]) == ["1", "2"]
     for r, metrics in trusted["rounds"].items():
         assert metrics["epsilon"] == pytest.approx(epsilon(int(r)), rel=1e-12)
-        assert set(metrics) == set(ROUND_METRIC_KEYS)  # the node's own metric never arrives
+        # The node's own metric never arrives; the last round also carries the proven epsilon.
+        proven = {EPSILON_PROVEN_KEY} if r == "2" else set()
+        assert set(metrics) == set(ROUND_METRIC_KEYS) | proven
         assert 0 <= metrics["num-reports"] == metrics["num-checked-in"] <= nodes
     assert sum(m["num-reports"] for m in trusted["rounds"].values()) > 0
     assert any(w != 0.0 for w in trusted["weights"])  # the model moved
     assert sorted(secagg["rounds"]) == ["1", "2"]
     for r, metrics in secagg["rounds"].items():
         assert metrics["epsilon"] == pytest.approx(epsilon(int(r)), rel=1e-12)
-        assert set(metrics) == set(SECAGG_ROUND_METRIC_KEYS)
+        proven = {EPSILON_PROVEN_KEY} if r == "2" else set()
+        assert set(metrics) == set(SECAGG_ROUND_METRIC_KEYS) | proven
         assert metrics["num-in-sum"] == nodes and metrics["num-dropped"] == 0
         assert metrics["num-checked-in"] in range(nodes + 1)
     moved = secagg["weights"] != trusted["weights"]

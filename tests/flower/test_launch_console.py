@@ -33,7 +33,7 @@ LOG = [
     "INFO :      [ROUND 2/3]",
     _line(2, {"epsilon": 5.90022, "num-reports": 11}, {"test-loss": 0.41, "test-accuracy": 0.8812}),
     "INFO :      shuffle-dp.round {not json",
-    _line(3, {"epsilon": 7.2, "num-reports": 0}),
+    _line(3, {"epsilon": 7.2, "num-reports": 0, "epsilon-proven": 19.5012345}),
     _line(4, {"epsilon": 8.1, "num-in-sum": 8, "num-checked-in": 3}, mode="secagg"),
     _line(5, {"epsilon": float("inf"), "num-in-sum": 0, "num-checked-in": 0}, None, "halted"),
 ]
@@ -47,7 +47,7 @@ def test_one_line_per_round_with_the_accuracy_when_evaluated():
     assert lines == [
         "round 1/3: 9 reports, epsilon 4.18214 (delta 1e-05)",
         "round 2/3: 11 reports, epsilon 5.90022 (delta 1e-05), test-accuracy 0.8812",
-        "round 3/3: 0 reports, epsilon 7.2 (delta 1e-05)",
+        "round 3/3: 0 reports, epsilon 7.2 (delta 1e-05), proven epsilon 19.5012",
         "round 4/3: 8 nodes in the secure sum, 3 checked in, epsilon 8.1 (delta 1e-05)",
         "round 5/3: 0 nodes in the secure sum, 0 checked in, epsilon inf (delta 1e-05); halted",
     ]  # each round as soon as its line arrives, the evaluation in it

@@ -24,6 +24,7 @@ from scipy import stats  # noqa: E402
 
 import shuffle_opacus.flower.secagg_strategy as secagg_strategy  # noqa: E402
 from shuffle_opacus import history_epsilon  # noqa: E402
+from shuffle_opacus.analysis import MECHANISM_TABLE, rounds_epsilon  # noqa: E402
 from shuffle_opacus.flower import (  # noqa: E402
     SECAGG_ROUND_METRIC_KEYS,
     InProcessGrid,
@@ -36,6 +37,7 @@ from shuffle_opacus.flower import (  # noqa: E402
     ShufflePrivacyConfig,
     secagg_parameters,
 )
+from shuffle_opacus.flower.checkin_base import EPSILON_PROVEN_KEY  # noqa: E402
 from shuffle_opacus.flower.secagg import (  # noqa: E402
     CLIPPING_TAIL,
     MIN_SHARES,
@@ -245,7 +247,8 @@ def test_secure_sum_equals_the_plain_sum_within_the_quantisation_bound():
         assert bound < 1e-6 * np.max(np.abs(total / k))
         metrics = strategy.round_metrics[r]
         assert metrics["num-checked-in"] == k and metrics["num-in-sum"] == n
-        assert set(metrics) == set(SECAGG_ROUND_METRIC_KEYS)
+        proven = {EPSILON_PROVEN_KEY} if r == rounds else set()  # the last round's
+        assert set(metrics) == set(SECAGG_ROUND_METRIC_KEYS) | proven
         # A participant's report is its clipped update (σ = 0); node 4 failed: zero update.
         for i in ins:
             pid = i - 1001
@@ -441,6 +444,18 @@ def test_epsilon_is_the_check_in_accountant_with_population_n_minus_d(max_dropou
         assert got == pytest.approx(expected, rel=1e-12)
         assert got == pytest.approx(trusted.epsilon(r), rel=1e-12)  # the same accountant
     assert strategy.history == [(sigma, rate, 3)]
+    # The last round also carries the proven epsilon: the same history, method proven, n - D.
+    assert [EPSILON_PROVEN_KEY in result.train_metrics_clientapp[r] for r in (1, 2, 3)] == [
+        False,
+        False,
+        True,
+    ]
+    setting = MECHANISM_TABLE["checkin"].setting(sigma=sigma / 2, n=n - max_dropouts, rate=rate)
+    proven = rounds_epsilon("checkin", [(setting, 3)], delta=1e-5, method="proven").epsilon
+    last = result.train_metrics_clientapp[3]
+    assert last[EPSILON_PROVEN_KEY] == pytest.approx(proven, rel=1e-12)
+    assert strategy.epsilons_proven == {3: last[EPSILON_PROVEN_KEY]}
+    assert last[EPSILON_PROVEN_KEY] >= last["epsilon"]
 
 
 def test_budget_stop_before_the_round_that_would_exceed_it():

@@ -14,6 +14,7 @@ import opacus.accountants  # noqa: E402, F401  (registration runs before the imp
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord  # noqa: E402
 
 from shuffle_opacus.accountants import ShuffledCheckInAccountant  # noqa: E402
+from shuffle_opacus.analysis import MECHANISM_TABLE, rounds_epsilon  # noqa: E402
 from shuffle_opacus.flower import (  # noqa: E402
     ROUND_METRIC_KEYS,
     InProcessGrid,
@@ -22,7 +23,11 @@ from shuffle_opacus.flower import (  # noqa: E402
     ShuffleCheckInFedAvg,
     ShufflePrivacyConfig,
 )
-from shuffle_opacus.flower.checkin_base import read_round_line, round_line  # noqa: E402
+from shuffle_opacus.flower.checkin_base import (  # noqa: E402
+    EPSILON_PROVEN_KEY,
+    read_round_line,
+    round_line,
+)
 
 from .helpers import coordinate_update, model, numpy_app, shift_update  # noqa: E402
 
@@ -60,7 +65,7 @@ def test_epsilon_equals_the_package_accountant(sensitivity):
     for r in range(1, 7):
         accountant.step(noise_multiplier=1.3, sample_rate=0.25)
         metrics = result.train_metrics_clientapp[r]
-        assert set(metrics) == set(ROUND_METRIC_KEYS)
+        assert set(metrics) == set(ROUND_METRIC_KEYS) | ({EPSILON_PROVEN_KEY} if r == 6 else set())
         assert metrics["epsilon"] == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-12)
         assert metrics["rounds-accounted"] == r and metrics["num-nodes"] == n
     assert strategy.epsilon() == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-12)
@@ -101,11 +106,93 @@ def test_empty_rounds_are_rounds():
 
 def test_all_rounds_empty_keeps_the_initial_model():
     grid = InProcessGrid(numpy_app(shift_update()), 2)
-    strategy = ShuffleCheckInFedAvg(privacy=privacy(rate=1e-9), num_nodes=2, seed=0)
+    # The proven epsilon at rate 1e-9 takes 24 s here (estimated 0.8 s); not what this tests.
+    strategy = ShuffleCheckInFedAvg(
+        privacy=privacy(rate=1e-9), num_nodes=2, seed=0, report_proven=False
+    )
     initial = model()
     result = run(strategy, grid, 3, arrays=initial)
     assert result.arrays is initial
     assert [m["num-reports"] for m in result.train_metrics_clientapp.values()] == [0, 0, 0]
+
+
+def _proven(n, sigma, rate, rounds):
+    """``rounds_epsilon`` by the method ``proven`` of ``rounds`` check-in rounds at replace-one."""
+    setting = MECHANISM_TABLE["checkin"].setting(sigma=sigma / 2, n=n, rate=rate)
+    return rounds_epsilon("checkin", [(setting, rounds)], delta=1e-5, method="proven")
+
+
+def test_proven_epsilon_at_evaluation_rounds_and_the_last_round():
+    """Beside every round's tight epsilon, the proven one at the rounds ``evaluate_fn``
+    evaluated and at the last round (not every round: it costs more): ``rounds_epsilon`` of the
+    same history by the method ``proven``, at least the tight one; the round lines that carry it
+    say what each number rests on."""
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("flwr")
+    logger.addHandler(handler)
+    n, sigma, rate = 6, 1.0, 0.5
+    try:
+        strategy = ShuffleCheckInFedAvg(
+            privacy=privacy(sigma=sigma, rate=rate), num_nodes=n, seed=2
+        )
+        result = run(
+            strategy,
+            InProcessGrid(numpy_app(shift_update()), n),
+            3,
+            evaluate_fn=lambda r, arrays: MetricRecord({"test-accuracy": 0.5}) if r == 1 else None,
+        )
+    finally:
+        logger.removeHandler(handler)
+    metrics = result.train_metrics_clientapp
+    assert [EPSILON_PROVEN_KEY in metrics[r] for r in (1, 2, 3)] == [True, False, True]
+    assert sorted(strategy.epsilons_proven) == [1, 3]
+    for r in (1, 3):
+        expected = _proven(n, sigma, rate, r)
+        assert expected.method == "proven"
+        proven = metrics[r][EPSILON_PROVEN_KEY]
+        assert proven == pytest.approx(expected.epsilon, rel=1e-12)
+        assert (
+            proven == strategy.round_metrics[r][EPSILON_PROVEN_KEY] == strategy.epsilons_proven[r]
+        )
+        assert proven >= metrics[r]["epsilon"]
+    assert strategy.epsilon_proven() == metrics[3][EPSILON_PROVEN_KEY]
+    records = {r["round"]: r for r in map(read_round_line, messages) if r is not None}
+    assert EPSILON_PROVEN_KEY not in records[2]["metrics"] and "guarantees" not in records[2]
+    checkin = MECHANISM_TABLE["checkin"]
+    for r in (1, 3):
+        assert records[r]["metrics"] == dict(metrics[r])
+        tight, proven = (
+            records[r]["guarantees"]["epsilon"],
+            records[r]["guarantees"][EPSILON_PROVEN_KEY],
+        )
+        assert tight["method"] == "pld" and tight["sensitivity"] == 2.0
+        assert tight["assumptions"] == list(checkin.assumptions_of("pld"))
+        assert any("Theorem 1's pair" in a for a in tight["assumptions"])
+        assert proven["method"] == "proven" and proven["sensitivity"] == 2.0
+        assert proven["assumptions"] == list(checkin.assumptions_of("proven"))
+        assert not any("Theorem 1's pair" in a for a in proven["assumptions"])
+        assert proven["note"].startswith("route ")
+    assert strategy.guarantees() == records[3]["guarantees"]
+
+
+def test_proven_epsilon_is_replace_one_whatever_the_convention():
+    """Under the paper's convention (sensitivity C) the tight epsilon assumes every update lies
+    within C of every other; the proven one assumes nothing on where the updates lie, so it is
+    taken at replace-one (analysis sigma = noise_multiplier / 2)."""
+    n, sigma, rate = 6, 1.0, 0.5
+    cfg = privacy(sigma=sigma, rate=rate, sensitivity="paper")
+    strategy = ShuffleCheckInFedAvg(privacy=cfg, num_nodes=n)
+    assert strategy.epsilon_proven() == 0.0  # no round yet
+    strategy.history = [(sigma, rate, 3)]  # as after three rounds
+    assert strategy.epsilon_proven() == pytest.approx(_proven(n, sigma, rate, 3).epsilon, rel=1e-12)
+    assert strategy.epsilon_proven() >= strategy.epsilon()
+    guarantees = strategy.guarantees()
+    assert guarantees["epsilon"]["sensitivity"] == 1.0
+    assert any("within 1 C of every other" in a for a in guarantees["epsilon"]["assumptions"])
+    assert guarantees[EPSILON_PROVEN_KEY]["sensitivity"] == 2.0
+    assert not any("within" in a for a in guarantees[EPSILON_PROVEN_KEY]["assumptions"])
 
 
 def test_budget_stop_fires_before_the_round_that_would_exceed_it():
@@ -120,6 +207,9 @@ def test_budget_stop_fires_before_the_round_that_would_exceed_it():
     assert strategy.rounds_accounted == 3
     assert result.train_metrics_clientapp[3]["epsilon"] == pytest.approx(eps3, rel=1e-12)
     assert strategy.epsilon() <= budget
+    # The last round the budget allowed carries the proven epsilon; the others do not.
+    assert sorted(strategy.epsilons_proven) == [3]
+    assert EPSILON_PROVEN_KEY in result.train_metrics_clientapp[3]
     assert strategy.stop_reason.startswith("stopped before round 4")
     # Exactly at the budget the round runs.
     exact = ShuffleCheckInFedAvg(privacy=cfg, num_nodes=n, max_epsilon=eps4, seed=3)
@@ -145,6 +235,7 @@ def test_noiseless_rounds_have_infinite_epsilon():
     strategy = ShuffleCheckInFedAvg(privacy=privacy(sigma=0.0, rate=1.0), num_nodes=4)
     result = run(strategy, grid, 2)
     assert math.isinf(result.train_metrics_clientapp[1]["epsilon"])
+    assert math.isinf(result.train_metrics_clientapp[2][EPSILON_PROVEN_KEY])
     budgeted = ShuffleCheckInFedAvg(
         privacy=privacy(sigma=0.0, rate=1.0), num_nodes=4, max_epsilon=100.0
     )
@@ -219,9 +310,13 @@ def test_honest_reports_are_never_dropped():
     """Clipped updates plus noise stay within the bound (big updates, several noise levels)."""
     for sigma in (0.0, 0.5, 3.0):
         grid = InProcessGrid(numpy_app(shift_update(50.0)), 6)
-        strategy = ShuffleCheckInFedAvg(privacy=privacy(sigma=sigma, rate=1.0), num_nodes=6)
+        # The proven epsilon at sigma 0.5 takes 40 s here; not what this test checks.
+        strategy = ShuffleCheckInFedAvg(
+            privacy=privacy(sigma=sigma, rate=1.0), num_nodes=6, report_proven=False
+        )
         result = run(strategy, grid, 3)
         assert [m["num-rejected"] for m in result.train_metrics_clientapp.values()] == [0] * 3
+        assert strategy.epsilons_proven == {}
 
 
 def test_a_client_without_the_mod_stops_the_run_at_start_up():
@@ -330,7 +425,9 @@ def test_a_failed_round_ends_the_run_with_its_metrics_and_a_stop_reason(
     assert strategy.stop_reason == message.rstrip(".")
     assert strategy.rounds_accounted == 1 and strategy.epsilons == {1: strategy.epsilon()}
     metrics = strategy.round_metrics[1]
-    assert set(metrics) == set(ROUND_METRIC_KEYS) and metrics["epsilon"] == strategy.epsilon()
+    assert set(metrics) == {*ROUND_METRIC_KEYS, EPSILON_PROVEN_KEY}  # the run's last round
+    assert metrics["epsilon"] == strategy.epsilon()
+    assert metrics[EPSILON_PROVEN_KEY] == strategy.epsilon_proven() >= strategy.epsilon()
     assert (metrics["num-checked-in"], metrics["num-reports"], metrics["num-dropped"]) == counts
     assert metrics["num-rejected"] == 0 and metrics["rounds-accounted"] == 1
 
@@ -389,6 +486,7 @@ def test_extra_train_config_reaches_the_clients():
         ({"num_nodes": 5, "node_wait_timeout": -1}, "node_wait_timeout must be"),
         ({"num_nodes": 5, "tolerate_dropouts": "yes"}, "tolerate_dropouts must be True"),
         ({"num_nodes": 5, "verify_nodes": 1}, "verify_nodes must be True"),
+        ({"num_nodes": 5, "report_proven": 1}, "report_proven must be True"),
         ({"num_nodes": 5, "privacy": {"rate": 0.1}}, "privacy must be a ShufflePrivacyConfig"),
     ],
 )
