@@ -129,7 +129,7 @@ def test_blanket_scale_bounds_the_sum_of_the_components():
     y = np.linspace(-12.0, 13.0, 20001)
     for sigma in (0.3, 0.45, 0.8, 2.5):
         q = P.blanket_mass(sigma)
-        c = P._blanket_scale(q)
+        c = P.blanket_scale(q)
         for dist in (1e-3, 0.3, 0.7, 1.0):
             f0 = np.exp(-0.5 * (y / sigma) ** 2)
             f1 = np.exp(-0.5 * ((y - dist) / sigma) ** 2)
