@@ -182,10 +182,10 @@ def _pair_stats(route: str, setting: ShuffleRound, k: int, tail: float) -> tuple
 
 
 def _pair_grid(route: str, setting: ShuffleRound, k: int, tail: float, scale: int) -> float:
-    """Return the pair's grid step: :func:`_grid`, coarsened to 2^21 points over the bulk."""
+    """Return the pair's grid step: :func:`_grid`, coarsened to 2^17 points over the bulk."""
     sd, span = _pair_stats(route, setting, k, tail)
     step = _grid(sd, scale)
-    while span / step > 2.0**21:
+    while span / step > 2.0**17:
         step *= 2.0
     return step
 
