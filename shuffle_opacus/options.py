@@ -18,7 +18,8 @@ class PrivacyOptions:
         rounds: Number of rounds (required unless the loader has a shuffle sampler).
         rate: Check-in probability (``shuffled_checkin``), in ``(0, 1]``.
         sample_size: Clients per round (``subsampled_shuffle``), in ``[1, n - 1]``.
-        seed: Sampling seed (integer >= 0); ``None`` draws one (read ``loader.batch_sampler.seed``).
+        seed: Sampling seed, an integer in ``[0, 2**128 - 1]`` (larger seeds would repeat the
+            rounds of smaller ones); ``None`` draws one (read ``loader.batch_sampler.seed``).
         start_round: First round to produce, to resume a run (with the same seed).
         sensitivity: ``"replace-one"`` (2, default), ``"paper"`` (1) or a number, in units of
             ``C``; see :mod:`shuffle_opacus.protocols`.

@@ -13,15 +13,44 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping
 
-from ._validation import check_int
+from ._validation import _found, check_int
 
-__all__ = ["MAX_ROUND", "ReleaseRecord", "ReplayError"]
+__all__ = ["MAX_ROUND", "MAX_SEED", "ReleaseRecord", "ReplayError", "check_seed"]
 
 #: Largest round index a sampler may release (the rounds' seeds are 64-bit spawn keys).
 MAX_ROUND = 2**63 - 1
 
-#: Largest seed (numpy's SeedSequence accepts any integer >= 0; the record keeps it as given).
-_MAX_SEED = 2**128
+#: Largest seed a sampler (and a saved state) accepts. Round ``t`` of seed ``s`` is the stream
+#: of numpy's ``SeedSequence(s, spawn_key=(t,))``, which hashes the 32-bit words of ``s``, padded
+#: with zeros to four words, followed by the words of ``t``. For ``s < 2**128`` and
+#: ``t <= MAX_ROUND`` those inputs are distinct for distinct pairs: four words of seed, then
+#: one word of round (``t < 2**32``) or two whose second is not zero. A larger seed fills a fifth
+#: word and shares its input with a smaller one (seed ``2**128`` at round ``r`` is seed 0 at round
+#: ``1 + r * 2**32``: the same check-ins), so it is refused. Distinct inputs still meet in the
+#: 128-bit hash only by chance, as two seeds drawn from the OS would (about ``2**-128`` a pair).
+MAX_SEED = 2**128 - 1
+
+
+def check_seed(value: object, name: str = "seed") -> int:
+    """Return ``value`` as ``int`` if it is a seed samplers accept (integer in ``[0, 2**128 - 1]``).
+
+    Args:
+        value: The seed.
+        name: How the message names it.
+
+    Returns:
+        The seed.
+
+    Raises:
+        ValueError: one line naming ``name`` and the range, otherwise (see :data:`MAX_SEED`).
+    """
+    try:
+        return check_int(name, value, minimum=0, maximum=MAX_SEED)
+    except ValueError:
+        raise ValueError(
+            f"{name} must be an integer in [0, 2**128 - 1] (a larger seed repeats the rounds of a "
+            f"smaller one in numpy's SeedSequence). Found {_found(value)}."
+        ) from None
 
 
 class ReplayError(ValueError):
@@ -148,7 +177,7 @@ class ReleaseRecord:
             values = list(entry)
             if len(values) != 3:
                 raise ValueError(f"{where}[{i}] must be a [seed, start, stop] triple.")
-            seed = check_int(f"{where}[{i}] seed", values[0], minimum=0, maximum=_MAX_SEED)
+            seed = check_seed(values[0], f"{where}[{i}] seed")
             start = check_int(f"{where}[{i}] start", values[1], minimum=0, maximum=MAX_ROUND)
             stop = check_int(f"{where}[{i}] stop", values[2], minimum=start + 1, maximum=MAX_ROUND)
             entries.setdefault(seed, []).append([start, stop])

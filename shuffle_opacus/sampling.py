@@ -6,11 +6,14 @@ independently with probability ``rate``, so a round may be empty; :class:`FixedS
 Both are ``torch.utils.data.Sampler`` objects yielding lists of dataset indices (one index, one
 client) in uniformly random order, as the shuffler's output would be. Round ``t`` is a function
 of ``(seed, t)`` alone (numpy ``SeedSequence(seed, spawn_key=(t,))``), so a seed fixes every
-round and ``start_round=t`` resumes on the same batches. A sampler releases every round once:
-its cursor :attr:`~ShuffleRoundSampler.next_round` never goes back, so a second ``for``
-continues with new rounds, and an accountant that follows the sampler records each round as it
-is released. Its parameters are fixed once it is built. The generators (numpy's PCG64) are for
-simulation, not cryptographically secure: a deployment draws check-ins on the clients' devices.
+round and ``start_round=t`` resumes on the same batches. Seeds lie in ``[0, 2**128 - 1]`` and
+rounds in ``[0, 2**63 - 1]``, where no two pairs share their stream's input
+(:data:`shuffle_opacus.releases.MAX_SEED` says why; a larger seed would repeat another's
+rounds). A sampler releases every round once: its cursor
+:attr:`~ShuffleRoundSampler.next_round` never goes back, so a second ``for`` continues with new
+rounds, and an accountant that follows the sampler records each round as it is released. Its
+parameters are fixed once it is built. The generators (numpy's PCG64) are for simulation, not
+cryptographically secure: a deployment draws check-ins on the clients' devices.
 
 Passes, cursors and why rounds are never replayed: docs/opacus.md, "Samplers".
 """
@@ -25,7 +28,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from ._validation import check_int, check_probability
-from .releases import MAX_ROUND
+from .releases import MAX_ROUND, check_seed
 
 __all__ = ["ShuffleRoundSampler", "ShuffledCheckInSampler", "FixedSizeShuffledSampler"]
 
@@ -33,7 +36,7 @@ __all__ = ["ShuffleRoundSampler", "ShuffledCheckInSampler", "FixedSizeShuffledSa
 def _check_seed(seed: int | None) -> int:
     if seed is None:
         return int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
-    return check_int("seed", seed, minimum=0)
+    return check_seed(seed)
 
 
 #: Called with ``(t, batch)`` just before a sampler releases round ``t``.
@@ -254,7 +257,8 @@ class ShuffledCheckInSampler(ShuffleRoundSampler):
             n: Number of clients (integer >= 1).
             rate: Check-in probability gamma in ``(0, 1]``.
             rounds: Rounds of one pass (integer >= 1); a fresh sampler has ``len == rounds``.
-            seed: Integer >= 0; ``None`` draws one from the OS (kept in ``self.seed``).
+            seed: Integer in ``[0, 2**128 - 1]``; ``None`` draws one from the OS (kept in
+                ``self.seed``).
             start_round: Resume from this round (integer >= 0).
 
         Raises:
@@ -298,7 +302,8 @@ class FixedSizeShuffledSampler(ShuffleRoundSampler):
             n: Number of clients (integer >= 1).
             m: Clients per round (integer in ``[1, n]``).
             rounds: Rounds of one pass (integer >= 1).
-            seed: Integer >= 0; ``None`` draws one from the OS (kept in ``self.seed``).
+            seed: Integer in ``[0, 2**128 - 1]``; ``None`` draws one from the OS (kept in
+                ``self.seed``).
             start_round: Resume from this round (integer >= 0).
 
         Raises:

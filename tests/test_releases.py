@@ -374,3 +374,54 @@ def test_the_opacus_loop_does_not_print_torchs_full_backward_hook_warning():
         for x, y in private_loader:
             step(net, opt, x, y)
     assert not [w for w in caught if "Full backward hook" in str(w.message)]
+
+
+# -- Seeds that alias (issue 41, part 2) ------------------------------------------------------
+
+
+def test_numpys_seed_sequence_aliases_seeds_above_the_bound():
+    """Why the bound exists: seed 2**128 at round r >= 1 is seed 0 at round 1 + r * 2**32."""
+    import numpy as np
+
+    for r in range(1, 5):
+        big = np.random.SeedSequence(2**128, spawn_key=(r,)).generate_state(4)
+        small = np.random.SeedSequence(0, spawn_key=(1 + r * 2**32,)).generate_state(4)
+        assert big.tolist() == small.tolist()
+
+
+@pytest.mark.parametrize("seed", [2**128, 2**128 + 5, 2**200])
+def test_a_seed_above_the_bound_is_refused_in_one_line(seed):
+    message = r"^seed must be an integer in \[0, 2\*\*128 - 1\] .*Found \d+\.$"
+    with pytest.raises(ValueError, match=message):
+        shuffle_opacus.ShuffledCheckInSampler(20, 0.5, 3, seed=seed)
+    engine = PrivacyEngine(accountant="shuffled_checkin")
+    with pytest.raises(ValueError, match=message):
+        private("shuffled_checkin", seed=seed)
+    with pytest.raises(ValueError, match=message):
+        users(engine, seed=seed)
+    assert len(engine.accountant) == 0
+
+
+def test_the_largest_seed_trains_and_its_state_loads():
+    engine, net, opt, private_loader = private("shuffled_checkin", seed=2**128 - 1, rounds=2)
+    for x, y in private_loader:
+        step(net, opt, x, y)
+    saved = engine.accountant.state_dict()
+    assert saved["released"] == [[2**128 - 1, 0, 2]]
+    fresh = PrivacyEngine(accountant="shuffled_checkin")
+    fresh.accountant.load_state_dict(saved)
+    assert fresh.accountant.releases.state() == saved["released"]
+    with pytest.raises(
+        ValueError, match=r"released'\]\[0\] seed must be an integer in \[0, 2\*\*128"
+    ):
+        fresh.accountant.load_state_dict({**saved, "released": [[2**128, 0, 2]]})
+
+
+def test_the_rounds_of_seeds_in_use_are_unchanged():
+    """Pinned batches (computed before the bound): the streams of accepted seeds are the same."""
+    checkin = shuffle_opacus.ShuffledCheckInSampler
+    assert checkin(20, 0.5, 3, seed=0).batch(0) == [19, 14, 4, 1, 18, 6, 17, 3, 11, 8]
+    assert checkin(20, 0.5, 3, seed=2**32).batch(2**40) == [
+        *[19, 15, 11, 1, 9, 7, 17, 10, 18, 4, 5, 2, 14, 13, 8]
+    ]
+    assert shuffle_opacus.FixedSizeShuffledSampler(10, 4, 3, seed=7).batch(5) == [9, 2, 4, 3]

@@ -117,7 +117,10 @@ def test_works_as_a_dataloader_batch_sampler():
         (lambda: ShuffledCheckInSampler(10, 1.5, 5), r"rate must be in \(0, 1\]"),
         (lambda: ShuffledCheckInSampler(0, 0.5, 5), r"n must be an integer >= 1"),
         (lambda: ShuffledCheckInSampler(10, 0.5, 0), r"rounds must be an integer >= 1"),
-        (lambda: ShuffledCheckInSampler(10, 0.5, 5, seed=-1), r"seed must be an integer >= 0"),
+        (
+            lambda: ShuffledCheckInSampler(10, 0.5, 5, seed=-1),
+            r"seed must be an integer in \[0, 2\*\*128 - 1\]",
+        ),
         (lambda: ShuffledCheckInSampler(10, 0.5, 5, start_round=-1), r"start_round"),
         (lambda: ShuffledCheckInSampler(10, True, 5), r"rate must be a number in \(0, 1\]"),
         (lambda: ShuffledCheckInSampler(10, "0.1", 5), r"rate must be a number in \(0, 1\]"),

@@ -276,8 +276,8 @@ def make_private_clients(
         rounds: Number of rounds (integer >= 1).
         rate: Check-in probability (``shuffled_checkin``), in ``(0, 1]``.
         sample_size: Clients per round (``subsampled_shuffle``), in ``[1, n - 1]``.
-        seed: Seed of the client sampling and of the local mini-batch order (integer >= 0;
-            ``None`` draws one, kept in ``trainer.sampler.seed``).
+        seed: Seed of the client sampling and of the local mini-batch order (integer in
+            ``[0, 2**128 - 1]``; ``None`` draws one, kept in ``trainer.sampler.seed``).
         start_round: First round iteration releases, to resume a run (same seed).
         sensitivity: ``"replace-one"`` (2, default), ``"paper"`` (1) or a number, in units of
             ``C``; see :mod:`shuffle_opacus.protocols`.
