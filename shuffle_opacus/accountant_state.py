@@ -14,12 +14,12 @@ from copy import deepcopy
 from typing import TYPE_CHECKING, Any
 
 from ._validation import MAX_INT, check_int, check_positive, check_probability
-from .releases import ReleaseRecord
+from .releases import MAX_ROUND, ReleaseRecord
 
 if TYPE_CHECKING:
     from .accountants import ShuffleAccountantBase
 
-__all__ = ["HistoryRollbackWarning", "load_state", "read_history", "state_of"]
+__all__ = ["HistoryRollbackWarning", "load_state", "read_history", "read_released", "state_of"]
 
 
 def _method_text(method: str | None) -> str:
@@ -100,7 +100,41 @@ def state_of(
     out["method"] = accountant.method
     out["sample_size"] = accountant.sample_size
     out["released"] = accountant.releases.state()
+    if accountant.releases.any_seed:
+        out["released_any_seed"] = accountant.releases.any_seed
     return out
+
+
+def read_released(state_dict: Mapping[str, Any], rounds: int) -> ReleaseRecord:
+    """Return the release record of a saved state; one without a full record is never trusted.
+
+    A state without ``released`` (saved before the record existed, or edited), or whose record
+    holds fewer rounds than its history, does not say which rounds it released: its ``rounds``
+    rounds count as released under an unknown seed (rounds ``0 .. rounds - 1`` of every seed,
+    :attr:`~shuffle_opacus.releases.ReleaseRecord.any_seed`), so that training from it resumes
+    at ``start_round=rounds`` or later. Epsilon is read from the history as before.
+
+    Args:
+        state_dict: A saved state.
+        rounds: The rounds its history holds.
+
+    Returns:
+        The record (with ``released_any_seed`` of the state, if any, restored).
+
+    Raises:
+        ValueError: one line naming the first malformed entry.
+    """
+    if "released" not in state_dict:
+        record = ReleaseRecord()
+        any_seed = rounds
+    else:
+        record = ReleaseRecord.from_state(state_dict["released"])
+        saved = state_dict.get("released_any_seed", 0)
+        any_seed = check_int("state_dict['released_any_seed']", saved, minimum=0, maximum=MAX_ROUND)
+        if len(record) + any_seed < rounds:
+            any_seed = max(any_seed, rounds)
+    record.release_any_seed(min(any_seed, MAX_ROUND))
+    return record
 
 
 def load_state(accountant: ShuffleAccountantBase, state_dict: Mapping[str, Any]) -> None:
@@ -130,7 +164,7 @@ def load_state(accountant: ShuffleAccountantBase, state_dict: Mapping[str, Any])
             f"{accountant.name} accountant."
         )
     history = read_history(state_dict["history"])
-    released = ReleaseRecord.from_state(state_dict.get("released", []))
+    released = read_released(state_dict, sum(steps for _, _, steps in history))
     fresh = type(accountant)()
     if state_dict["population"] is not None:
         fresh.configure(

@@ -268,6 +268,14 @@ class ShuffleAccountantBase(IAccountant):
             ReplayError: naming the first released round and where new rounds begin.
         """
         first = self.releases.first_released(seed, start, stop)
+        unknown = self.releases.any_seed
+        if first is not None and first < unknown:
+            raise ReplayError(
+                f"{what}={start}: the {self.name} accountant loaded {unknown} rounds from a state "
+                f"without a release record (saved before it existed, or edited), so rounds "
+                f"0..{unknown - 1} of every seed count as released; continue with "
+                f"{what}={self.releases.next_free(seed, start)} or later."
+            )
         if first is not None:
             resume = self.releases.next_free(seed, first)
             raise ReplayError(
@@ -423,7 +431,10 @@ class ShuffleAccountantBase(IAccountant):
         (``state_dict['released']``, absent from states saved before it existed) is added to
         this accountant's, never replaced: a round released once stays released, so that
         training again from an earlier point must use new rounds (a later ``start_round`` or
-        another seed).
+        another seed). A state without that record, or whose record holds fewer rounds than its
+        history, is never trusted to have released nothing: its ``L`` rounds count as rounds
+        ``0 .. L - 1`` of every seed (:mod:`shuffle_opacus.releases`), so training from it
+        continues at ``start_round=L`` or later; its epsilon is reported as before.
 
         Args:
             state_dict: Output of :meth:`state_dict`.

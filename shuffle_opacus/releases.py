@@ -6,6 +6,13 @@ check-in set, which composition of independent rounds does not cover: the accoun
 count it as a fresh round while the adversary sees a correlated one. A :class:`ReleaseRecord`
 keeps the released pairs of one accountant as half-open intervals of rounds per seed; the
 accountant refuses a pair it already holds before anything is released.
+
+A state saved without a record (before it existed, or edited) says how many rounds were released
+but not which: its ``L`` rounds might be any rounds of any seed. The record keeps them as rounds
+released under an unknown seed (:attr:`ReleaseRecord.any_seed`): rounds ``0 .. L - 1`` of every
+seed count as released, so a restart at ``start_round=0`` with the same seed is refused and
+training continues at ``start_round=L`` (the rounds an earlier run of the package released from
+round 0 on).
 """
 
 from __future__ import annotations
@@ -63,10 +70,31 @@ class ReleaseRecord:
     def __init__(self) -> None:
         """Create an empty record."""
         self._runs: dict[int, list[list[int]]] = {}
+        self._any_seed = 0
 
     def __len__(self) -> int:
-        """Return the number of released rounds recorded."""
+        """Return the number of released rounds recorded with their seed (not :attr:`any_seed`)."""
         return sum(stop - start for runs in self._runs.values() for start, stop in runs)
+
+    @property
+    def any_seed(self) -> int:
+        """``L``: rounds ``0 .. L - 1`` of every seed count as released (see the module docstring).
+
+        0 unless a state without a release record was loaded.
+        """
+        return self._any_seed
+
+    def release_any_seed(self, rounds: int) -> None:
+        """Count rounds ``0 .. rounds - 1`` of every seed as released (the record only grows).
+
+        Args:
+            rounds: Rounds released under a seed nobody recorded (integer >= 0).
+
+        Raises:
+            ValueError: if ``rounds`` is not an integer in ``[0, MAX_ROUND]``.
+        """
+        rounds = check_int("rounds", rounds, minimum=0, maximum=MAX_ROUND)
+        self._any_seed = max(self._any_seed, rounds)
 
     def first_released(self, seed: int, start: int, stop: int) -> int | None:
         """Return the first released round of ``seed`` in ``[start, stop)``, or ``None``.
@@ -79,6 +107,8 @@ class ReleaseRecord:
         Returns:
             The smallest released round in the range, or ``None`` if none is.
         """
+        if start < self._any_seed and start < stop:
+            return start
         for run_start, run_stop in self._runs.get(seed, ()):
             if run_stop > start and run_start < stop:
                 return max(run_start, start)
@@ -94,6 +124,7 @@ class ReleaseRecord:
         Returns:
             That round.
         """
+        start = max(start, self._any_seed)
         for run_start, run_stop in self._runs.get(seed, ()):
             if run_start <= start < run_stop:
                 return run_stop
@@ -109,6 +140,13 @@ class ReleaseRecord:
         Raises:
             ReplayError: if the round was released already (nothing is changed then).
         """
+        if t < self._any_seed:
+            raise ReplayError(
+                f"round {t} of seed {seed} may have been released already: the accountant "
+                f"loaded {self._any_seed} rounds from a state without a release record, so "
+                f"rounds 0..{self._any_seed - 1} of every seed count as released; continue "
+                f"with start_round={self._any_seed} or later."
+            )
         runs = self._runs.setdefault(seed, [])
         i = bisect.bisect_right(runs, [t, MAX_ROUND + 1])
         if i > 0 and runs[i - 1][1] > t:
@@ -132,6 +170,7 @@ class ReleaseRecord:
         Args:
             other: Another record.
         """
+        self._any_seed = max(self._any_seed, other._any_seed)
         for seed, runs in other._runs.items():
             merged = sorted([*self._runs.get(seed, []), *([a, b] for a, b in runs)])
             out: list[list[int]] = []

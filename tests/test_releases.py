@@ -425,3 +425,74 @@ def test_the_rounds_of_seeds_in_use_are_unchanged():
         *[19, 15, 11, 1, 9, 7, 17, 10, 18, 4, 5, 2, 14, 13, 8]
     ]
     assert shuffle_opacus.FixedSizeShuffledSampler(10, 4, 3, seed=7).batch(5) == [9, 2, 4, 3]
+
+
+# -- A state without its release record (issue 41, part 1) -----------------------------------
+
+
+def test_a_state_without_its_record_cannot_replay_its_rounds_at_example_level():
+    """n = 1, gamma = 0.1, sigma = 5: 50 rounds released twice were counted as 100 rounds."""
+    one = DataLoader(dataset(1), batch_size=1)
+    kw = {"noise_multiplier": 5.0, "max_grad_norm": 1.0, "rate": 0.1, "rounds": 50, "seed": 0}
+
+    def prepare(engine: PrivacyEngine, **change):
+        net = model()
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        args = {**kw, **change}
+        return shuffle_opacus.make_private(
+            engine, module=net, optimizer=optimizer, data_loader=one, **args
+        )
+
+    engine = PrivacyEngine(accountant="shuffled_checkin")
+    for _ in prepare(engine)[2]:
+        pass  # released and accounted, stepped or not
+    old = {k: v for k, v in engine.accountant.state_dict().items() if k != "released"}
+    fresh = PrivacyEngine(accountant="shuffled_checkin")
+    fresh.accountant.load_state_dict(old)
+    assert fresh.get_epsilon(1e-5) == pytest.approx(4.930, abs=5e-4)  # readable for reporting
+    message = (
+        r"^start_round=0: .* 50 rounds from a state without a release record .*0\.\.49 of "
+        r"every seed .* start_round=50 or later\.$"
+    )
+    with pytest.raises(ReplayError, match=message):
+        prepare(fresh)
+    assert len(fresh.accountant) == 50
+    # Saved again, the state keeps the unknown rounds; any seed continues at round 50.
+    again = PrivacyEngine(accountant="shuffled_checkin")
+    again.accountant.load_state_dict(fresh.accountant.state_dict())
+    assert again.accountant.state_dict()["released_any_seed"] == 50
+    with pytest.raises(ReplayError, match="start_round=50 or later"):
+        prepare(again, seed=7, start_round=49)
+    loader_again = prepare(again, seed=7, start_round=50, rounds=52)[2]
+    assert len(loader_again) == 2
+
+
+def test_a_state_without_its_record_cannot_replay_its_rounds_at_user_level():
+    engine = PrivacyEngine(accountant="shuffled_checkin")
+    run, opt = users(engine)
+    for _ in run:
+        opt.step()
+    saved = engine.accountant.state_dict()
+    for old in ({k: v for k, v in saved.items() if k != "released"}, {**saved, "released": []}):
+        fresh = PrivacyEngine(accountant="shuffled_checkin")
+        fresh.accountant.load_state_dict(old)
+        assert fresh.accountant.releases.any_seed == 6
+        with pytest.raises(ReplayError, match=r"round_index|start_round=6 or later"):
+            users(fresh, start_round=0)
+        run, opt = users(fresh, start_round=6, rounds=8)
+        for _ in run:
+            opt.step()
+        assert len(fresh.accountant) == 8
+
+
+def test_the_record_counts_rounds_of_an_unknown_seed_as_released():
+    record = ReleaseRecord()
+    record.add(3, 10)
+    record.release_any_seed(5)
+    assert record.first_released(99, 0, 3) == 0 and record.first_released(99, 5, 9) is None
+    assert record.next_free(99, 0) == 5 and record.next_free(3, 2) == 5
+    assert record.next_free(3, 10) == 11
+    with pytest.raises(ReplayError, match="rounds 0..4 of every seed"):
+        record.add(99, 4)
+    record.add(99, 5)
+    assert len(record) == 2 and record.any_seed == 5
