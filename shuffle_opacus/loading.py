@@ -7,6 +7,8 @@ guard (:mod:`shuffle_opacus.step_guard`) which round it has just delivered.
 
 from __future__ import annotations
 
+import warnings
+from collections import deque
 from typing import Any
 
 from opacus.data_loader import dtype_safe, shape_safe, wrap_collate_with_empty
@@ -15,7 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from .options import PrivacyOptions
 from .protocols import PROTOCOLS, Protocol
 from .sampling import ShuffleRoundSampler
-from .step_guard import StepGuard
+from .step_guard import RoundQueue, StepGuard
 
 __all__ = ["PrivateDataLoader", "new_sampler"]
 
@@ -137,20 +139,52 @@ class PrivateDataLoader(DataLoader):
 
     As it yields a round's batch it tells the accountant's
     :class:`~shuffle_opacus.step_guard.StepGuard` that this round is now the current one, so
-    that the next ``optimizer.step()`` is checked against it (with worker processes the sampler
-    releases rounds ahead of the batches the loop sees).
+    that the next ``optimizer.step()`` is checked against it. Each iteration pairs its batches
+    with the rounds it released itself: with worker processes the sampler releases rounds ahead
+    of the batches the loop sees, and a loop left early abandons those rounds (they stay
+    accounted; a ``UserWarning`` names them), while the next loop starts afresh.
     """
 
     _guard: StepGuard | None = None
 
     def __iter__(self) -> Any:
-        """Yield the batches of the sampler's next rounds (see :class:`DataLoader`)."""
-        if self._guard is not None:
-            self._guard.use_loader()
-        for batch in super().__iter__():
-            if self._guard is not None:
-                self._guard.on_deliver()
-            yield batch
+        """Yield the batches of the sampler's next rounds (see :class:`DataLoader`).
+
+        Warns (``UserWarning``) when the iteration ends before the rounds its workers fetched
+        ahead were yielded.
+        """
+        guard = self._guard
+        if guard is None:
+            yield from super().__iter__()
+            return
+        queue: RoundQueue = deque()
+        try:
+            with guard.collecting(queue):
+                batches = super().__iter__()
+            while True:
+                with guard.collecting(queue):
+                    try:
+                        batch = next(batches)
+                    except StopIteration:
+                        return
+                guard.on_deliver(queue)
+                yield batch
+        finally:
+            if queue:
+                _warn_abandoned(guard.name, list(queue), self.num_workers)
+
+
+def _warn_abandoned(name: str, rounds: list[tuple[int, int]], workers: int) -> None:
+    first, last = rounds[0][0], rounds[-1][0]
+    which = f"round {first}" if first == last else f"rounds {first}-{last}"
+    warnings.warn(
+        f"the loop over the private loader ended before {which} arrived: its {workers} worker "
+        f"processes had fetched them ahead, so the {name} accountant counts them as released "
+        f"though no step used them; the next loop continues with new rounds (loop to the end, "
+        f"or use num_workers=0, to release only the rounds you take).",
+        UserWarning,
+        stacklevel=3,  # the loop that let the iteration go
+    )
 
 
 def _private_loader(

@@ -12,15 +12,20 @@ worker processes the sampler runs ahead of the loader) to the step, and refuses 
 
 A round released but never stepped stays accounted; that costs privacy budget, not safety.
 
+Each iteration over a private loader keeps its own queue of the rounds it released: worker
+processes fetch rounds ahead of the loop, and a loop left early (``break``) abandons the rounds
+its workers had fetched; a new loop then starts with its own queue, so its batches and its
+rounds stay paired (the abandoned rounds stay accounted, and the loader warns about them).
 Code that iterates the sampler itself (indexing tensors with its batches, as the experiment
-runner does) receives each batch as the sampler releases it: until a private loader starts
-iterating, a released round is current at once.
+runner does) receives each batch as the sampler releases it: a round released outside a
+loader's iteration is current at once.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ._validation import check_positive, check_probability
@@ -28,7 +33,10 @@ from ._validation import check_positive, check_probability
 if TYPE_CHECKING:
     from .accountants import ShuffleAccountantBase
 
-__all__ = ["StepGuard", "follow_sampler"]
+__all__ = ["RoundQueue", "StepGuard", "follow_sampler"]
+
+#: Rounds ``(t, size)`` one loader iteration released and has not delivered yet, oldest first.
+RoundQueue = deque[tuple[int, int]]
 
 
 class StepGuard:
@@ -49,34 +57,55 @@ class StepGuard:
         self.name = name
         self.released = 0
         self.stepped = 0
-        self._pending: deque[tuple[int, int]] = deque()
+        self._collector: RoundQueue | None = None
         self._current: tuple[int, int] | None = None
         self._current_stepped = True
-        self._loader = False
-
-    def use_loader(self) -> None:
-        """Switch to loader mode: a released round becomes current when the loader yields it."""
-        self._loader = True
 
     def on_release(self, t: int, size: int) -> None:
         """Note that round ``t`` with ``size`` clients was released (sampler side).
+
+        Inside :meth:`collecting` the round joins that loader iteration's queue, to become
+        current when the iteration yields its batch; otherwise it is current at once.
 
         Args:
             t: The round.
             size: Its number of clients.
         """
         self.released += 1
-        if self._loader:
-            self._pending.append((t, size))
+        if self._collector is not None:
+            self._collector.append((t, size))
         else:
             self._current = (t, size)
             self._current_stepped = False
 
-    def on_deliver(self) -> None:
-        """Note that the loader yielded the oldest released round's batch: it becomes current."""
-        if self._pending:
-            self._current = self._pending.popleft()
-            self._current_stepped = False
+    @contextmanager
+    def collecting(self, queue: RoundQueue) -> Iterator[None]:
+        """Send the rounds released inside the ``with`` block to ``queue``.
+
+        A private loader wraps every call into its torch iterator in this block: the rounds
+        that call makes the sampler release (a worker's prefetch included) belong to that
+        iteration, whichever other iteration is open.
+
+        Args:
+            queue: The iteration's queue.
+        """
+        outer, self._collector = self._collector, queue
+        try:
+            yield
+        finally:
+            self._collector = outer
+
+    def on_deliver(self, queue: RoundQueue) -> None:
+        """Note that a loader iteration yielded its oldest queued round's batch: it is current.
+
+        Args:
+            queue: That iteration's queue (filled inside :meth:`collecting`).
+        """
+        if queue:
+            self._current = queue.popleft()
+        else:  # a batch without a released round: the next step has nothing to process
+            self._current = None
+        self._current_stepped = False
 
     def check_step(self, reports: int) -> int:
         """Accept one step of ``reports`` per-sample contributions on the current round.
