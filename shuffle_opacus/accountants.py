@@ -34,6 +34,7 @@ from .accountant_state import read_history as _read_history
 from .analysis.rdp.conversion import EpsilonResult
 from .history import history_epsilon
 from .protocols import Protocol, protocol_for_accountant, resolve_sensitivity
+from .release_registry import REGISTRY
 from .releases import ReleaseRecord, ReplayError
 from .step_guard import follow_sampler
 
@@ -300,11 +301,21 @@ class ShuffleAccountantBase(IAccountant):
 
         Raises:
             ReplayError: if ``(seed, t)`` was released already.
+            SharedCoinsError: if another engine in this process released it on the same data
+                and a preparation asked for ``strict=True``
+                (:mod:`shuffle_opacus.release_registry`; without it, a warning).
             ValueError: on a value outside its range or inconsistent with the configuration.
         """
         self._check_step(noise_multiplier, sample_rate)
+        if self.releases.first_released(seed, t, t + 1) is not None:
+            self.releases.add(seed, t)  # raises ReplayError
+        binding = REGISTRY.binding_for(self, seed)
+        if binding is not None:
+            REGISTRY.check(binding, t, t + 1)  # another engine's same coins: warn or refuse
         self.releases.add(seed, t)
         self.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate)
+        if binding is not None:
+            REGISTRY.released(binding, t)
 
     def __len__(self) -> int:
         """Return the number of rounds recorded.

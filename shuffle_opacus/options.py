@@ -33,6 +33,9 @@ class PrivacyOptions:
             ``Conv2d``, ``Linear`` and ``GroupNorm`` layers).
         batch_first: Whether the batch dimension of inputs is the first one.
         noise_generator: Torch generator for the noise (not in secure mode).
+        strict: Refuse (:class:`~shuffle_opacus.release_registry.SharedCoinsError`) rather than
+            warn about a round that another engine in this process released on the same data with
+            the same seed (:mod:`shuffle_opacus.release_registry`).
     """
 
     max_grad_norm: float
@@ -48,3 +51,13 @@ class PrivacyOptions:
     grad_sample_mode: str = "hooks"
     batch_first: bool = True
     noise_generator: torch.Generator | None = None
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        """Check ``strict`` (the other fields are checked where they are used).
+
+        Raises:
+            ValueError: if ``strict`` is not a bool.
+        """
+        if not isinstance(self.strict, bool):
+            raise ValueError(f"strict must be True or False. Found {self.strict!r}.")

@@ -46,6 +46,7 @@ from .noise import NOISE_MODES, LocalNoiseDPOptimizer
 from .options import PrivacyOptions
 from .plan_checks import check_release_plan
 from .protocols import Protocol, resolve_sensitivity
+from .release_registry import REGISTRY, caller, data_identity
 from .sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler, ShuffleRoundSampler
 
 __all__ = ["PrivacyOptions", "make_private", "make_private_with_epsilon", "new_sampler"]
@@ -228,6 +229,17 @@ def _make_private(
         sensitivity=plan.sensitivity,
         dtype=params[0].dtype if params else torch.get_default_dtype(),
     )
+    binding = REGISTRY.new_binding(
+        plan.accountant,
+        data_identity(data_loader.dataset, length=plan.population),
+        seed=sampler.seed,
+        sampling=(sampler.protocol, plan.population, sampler.sample_rate),
+        config=(plan.sensitivity, sample_size, plan.method),
+        noise_multiplier=noise_multiplier,
+        strict=options.strict,
+        where=f"make_private at {caller()}",
+    )
+    REGISTRY.check(binding, sampler.next_round, sampler.next_round + len(sampler))
     if engine.secure_mode:
         warnings.warn(
             "secure_mode protects the noise; client sampling uses numpy's PCG64, which is a "
@@ -279,6 +291,7 @@ def _make_private(
     hook = plan.accountant.local_noise_hook(sampler, noise_multiplier=dp_optimizer.noise_multiplier)
     dp_optimizer.attach_step_hook(hook)
     loader._guard = hook.guard  # type: ignore[attr-defined]
+    REGISTRY.add(binding)
     if engine.dataset is None:
         engine.dataset = data_loader.dataset
     bind_get_epsilon(engine)
@@ -359,6 +372,7 @@ def make_private(
     grad_sample_mode: str = "hooks",
     batch_first: bool = True,
     noise_generator: torch.Generator | None = None,
+    strict: bool = False,
 ) -> tuple[nn.Module, LocalNoiseDPOptimizer, DataLoader]:
     """Prepare shuffle-model private training on an engine with a shuffle accountant.
 
@@ -398,6 +412,7 @@ def make_private(
         grad_sample_mode: See :class:`PrivacyOptions`.
         batch_first: See :class:`PrivacyOptions`.
         noise_generator: See :class:`PrivacyOptions`.
+        strict: See :class:`PrivacyOptions`.
 
     Returns:
         ``(module, optimizer, data_loader)``: the wrapped module (Opacus's per-sample wrapper, or
@@ -422,6 +437,7 @@ def make_private(
         grad_sample_mode=grad_sample_mode,
         batch_first=batch_first,
         noise_generator=noise_generator,
+        strict=strict,
     )
     return _make_private(engine, module, optimizer, data_loader, noise_multiplier, options)
 
@@ -448,6 +464,7 @@ def make_private_with_epsilon(
     grad_sample_mode: str = "hooks",
     batch_first: bool = True,
     noise_generator: torch.Generator | None = None,
+    strict: bool = False,
     rel_tol: float = 1e-3,
 ) -> tuple[nn.Module, LocalNoiseDPOptimizer, DataLoader]:
     """Like :func:`make_private`, with the local noise multiplier calibrated to a budget.
@@ -480,6 +497,7 @@ def make_private_with_epsilon(
         grad_sample_mode: See :class:`PrivacyOptions`.
         batch_first: See :class:`PrivacyOptions`.
         noise_generator: See :class:`PrivacyOptions`.
+        strict: See :class:`PrivacyOptions`.
         rel_tol: Relative precision of the calibrated noise multiplier.
 
     Returns:
@@ -502,6 +520,7 @@ def make_private_with_epsilon(
         grad_sample_mode=grad_sample_mode,
         batch_first=batch_first,
         noise_generator=noise_generator,
+        strict=strict,
     )
     plan = _prepare(engine, module, optimizer, data_loader, options)
     if len(plan.accountant) > 0:

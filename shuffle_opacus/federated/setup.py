@@ -30,6 +30,7 @@ from ..privacy import (
     new_sampler,
 )
 from ..protocols import resolve_sensitivity
+from ..release_registry import REGISTRY, caller, data_identity
 from ..sampling import FixedSizeShuffledSampler
 from .local import LocalTraining
 from .trainer import AVERAGES, DEFAULT_CLIENT_CHUNK, FederatedTrainer, _optimizer_params
@@ -245,6 +246,7 @@ def make_private_clients(
     average: str = "expected",
     noise_generator: torch.Generator | None = None,
     client_chunk: int = DEFAULT_CLIENT_CHUNK,
+    strict: bool = False,
 ) -> FederatedTrainer:
     """Prepare user-level shuffle-model training: clients with many examples train locally.
 
@@ -291,6 +293,9 @@ def make_private_clients(
             (torch's default generator); must be ``None`` in secure mode.
         client_chunk: Clients trained together in one vectorised call (integer >= 1); memory
             grows with it.
+        strict: Refuse rather than warn about a round that another engine in this process
+            released on the same data and partition with the same seed
+            (:mod:`shuffle_opacus.release_registry`).
 
     Returns:
         A :class:`FederatedTrainer`; iterate over it and call ``optimizer.step()`` each round.
@@ -333,6 +338,7 @@ def make_private_clients(
         start_round=start_round,
         sensitivity=sensitivity,
         method=method,
+        strict=strict,
     )
     sampler = new_sampler(spec, accountant.mechanism(), n, options)
     sens = resolve_sensitivity(sensitivity)
@@ -354,6 +360,22 @@ def make_private_clients(
         client_lr=training.client_lr,
     )
     _dry_run(module, inputs, targets, clients, loss_fn)
+    binding = REGISTRY.new_binding(
+        accountant,
+        data_identity(
+            data,
+            length=n,
+            extra=clients.order.tobytes() + clients.offsets.tobytes(),
+            rows=_Rows(inputs, targets),
+        ),
+        seed=sampler.seed,
+        sampling=(sampler.protocol, n, sampler.sample_rate),
+        config=(sens, size, method),
+        noise_multiplier=noise_multiplier,
+        strict=options.strict,
+        where=f"make_private_clients at {caller()}",
+    )
+    REGISTRY.check(binding, sampler.start_round, max(sampler.start_round, sampler.rounds))
     if engine.secure_mode:
         warnings.warn(
             "secure_mode protects the noise; client sampling and local batches use numpy's "
@@ -362,7 +384,7 @@ def make_private_clients(
         )
     accountant.configure(population=n, sensitivity=sens, method=method, sample_size=size)
     bind_get_epsilon(engine)
-    return FederatedTrainer(
+    trainer = FederatedTrainer(
         module=module,
         optimizer=optimizer,
         inputs=inputs,
@@ -380,3 +402,18 @@ def make_private_clients(
         secure_mode=engine.secure_mode,
         client_chunk=chunk,
     )
+    REGISTRY.add(binding)
+    return trainer
+
+
+class _Rows:
+    """The examples ``(inputs[i], targets[i])`` of materialised data, for its identity."""
+
+    def __init__(self, inputs: Tensor, targets: Tensor) -> None:
+        self.inputs, self.targets = inputs, targets
+
+    def __len__(self) -> int:
+        return int(self.inputs.shape[0])
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        return self.inputs[i], self.targets[i]
