@@ -234,12 +234,12 @@ def _segments(bindings: list[Binding], plan: tuple[Binding, int, int]) -> list[A
     return out
 
 
-def _remove(history: list[tuple[float, float, int]], nm: float, k: int) -> int:
-    """Take up to ``k`` steps of noise ``nm`` out of ``history``; return how many were taken."""
+def _remove(history: list[tuple[float, float, int]], nm: float, rate: float, k: int) -> int:
+    """Take up to ``k`` steps of ``(nm, rate)`` out of ``history``; return how many were taken."""
     taken = 0
     for i in range(len(history) - 1, -1, -1):
-        s, rate, steps = history[i]
-        if s == nm and taken < k:
+        s, r, steps = history[i]
+        if s == nm and r == rate and taken < k:
             use = min(steps, k - taken)
             history[i] = (s, rate, steps - use)
             taken += use
@@ -264,7 +264,7 @@ def _together(group: list[Binding], shared: list[Any], extra: dict[int, int]) ->
     for length, holders in shared:
         for b in holders:
             # Steps not found in a history stay in it: more rounds, an upper bound.
-            _remove(histories[b.number], b.noise_multiplier, length)
+            _remove(histories[b.number], b.noise_multiplier, rate, length)
         sigma = sum(b.noise_multiplier**-2 for b in holders) ** -0.5
         merged.append((sigma, rate, length))
     sensitivity, sample_size, method = last.config
@@ -367,10 +367,14 @@ class ReleaseRegistry:
             SharedCoinsError: if another engine released one of the rounds on the same data
                 with the same seed and either preparation asked for ``strict=True``.
         """
-        held = {id(b): b.rounds.first_released(b.seed, start, stop) for b in self._peers(binding)}
-        peers = [b for b in self._peers(binding) if held[id(b)] is not None]
+        candidates = self._peers(binding)
+        held = {id(b): b.rounds.first_released(b.seed, start, stop) for b in candidates}
+        peers = [b for b in candidates if held[id(b)] is not None]
         if not peers:
             return
+        strict = binding.strict or any(b.strict for b in peers)
+        if not strict and all(b.number in binding.warned for b in peers):
+            return  # named once already; the epsilon is not recomputed every round
         same = [b for b in peers if b.sampling == binding.sampling]
         other = [b for b in peers if b.sampling != binding.sampling]
         first = min(int(held[id(b)]) for b in peers)  # type: ignore[arg-type]
@@ -395,13 +399,11 @@ class ReleaseRegistry:
                 )
             else:
                 body = f"(the same check-ins); the epsilon of the models together: {eps}"
-        if binding.strict or any(b.strict for b in peers):
+        if strict:
             raise SharedCoinsError(
                 f"{head} {body}; refused (strict=True). Use another seed (seed=None draws fresh "
                 f"coins)."
             )
-        if all(b.number in binding.warned for b in peers):
-            return
         binding.warned.update(b.number for b in peers)
         warnings.warn(
             f"{head} {body}. Use another seed (seed=None draws fresh coins), or strict=True to "
