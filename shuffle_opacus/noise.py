@@ -21,6 +21,7 @@ over the round's size, zero included.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from opacus.optimizers.optimizer import (
 )
 
 from ._validation import check_positive, check_probability
+from .parameter_seal import ParameterSeal, guarded_step, refuse_outside_steps
 
 __all__ = ["NOISE_MODES", "LocalNoiseDPOptimizer", "local_noise_sum"]
 
@@ -55,6 +57,13 @@ class LocalNoiseDPOptimizer(DPOptimizer):
     disagree with the noise added. Assigning one raises ``AttributeError``; to continue with
     other parameters, prepare the next rounds with :func:`shuffle_opacus.make_private` on the
     same engine (its accountant keeps the history).
+
+    Once a step hook is attached (an accountant follows the optimizer, as after
+    :func:`shuffle_opacus.make_private`), the parameters change only through :meth:`step`: a
+    step of ``original_optimizer`` outside it raises ``ValueError`` before anything changes,
+    and a step that finds the parameters changed since the previous step (another optimizer, a
+    manual update) is refused (:mod:`shuffle_opacus.parameter_seal`). A refused step leaves
+    no gradient behind: ``p.grad``, ``p.summed_grad`` and ``p.grad_sample`` are cleared.
 
     Attributes:
         accounting_sample_rate: Per-round inclusion probability passed to the accountant.
@@ -117,6 +126,7 @@ class LocalNoiseDPOptimizer(DPOptimizer):
         self.last_report_count = 0
         self._pending_reports = 0
         self._clipped_sums: Any = None
+        self._seal: ParameterSeal | None = None
         self._fixed = True
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -171,13 +181,101 @@ class LocalNoiseDPOptimizer(DPOptimizer):
         self._pending_reports += self._batch_reports()
         super().clip_and_accumulate()
 
+    def attach_step_hook(self, fn: Callable[[Any], None]) -> None:
+        """Call ``fn(self)`` after the noise of every step; from now on, guard the parameters.
+
+        Steps of ``original_optimizer`` outside :meth:`step` are refused from here on, and
+        every step after the first checks that nothing else changed the parameters.
+
+        Args:
+            fn: The hook (the accountant's, from ``local_noise_hook``).
+        """
+        super().attach_step_hook(fn)
+        if self._seal is None:
+            self._seal = ParameterSeal()
+            refuse_outside_steps(self.original_optimizer)
+
+    def step(self, closure: Any = None) -> Any:
+        """Run ``closure``, clip, add the round's noise and step the wrapped optimizer.
+
+        As Opacus's ``DPOptimizer.step``, with the parameter guard of the class docstring.
+
+        Args:
+            closure: Re-evaluates the model and its loss (optional, as for any optimizer).
+
+        Returns:
+            What the wrapped optimizer's ``step`` returns (``None`` for a skipped step).
+
+        Raises:
+            ValueError: if the parameters changed outside this method since the previous
+                step, or the accountant's hook refuses the round (nothing is stepped then, and
+                the round's gradients are cleared).
+        """
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
+        if self._seal is not None:
+            self._check_sealed(self._seal)
+        if not self.pre_step():
+            return None
+        with guarded_step(self.original_optimizer):
+            result = self.original_optimizer.step()
+        if self._seal is not None:
+            self._seal.record(self.params)
+        return result
+
+    def _check_sealed(self, seal: ParameterSeal) -> None:
+        changed = seal.changed(self.params)
+        if not changed:
+            return
+        self._discard_round()
+        guard = getattr(self.step_hook, "guard", None)
+        done = guard.stepped if guard is not None else seal.records
+        counted = (
+            f"the {guard.name} accountant counts {guard.released} released rounds and covers "
+            f"only the {done} steps it accepted"
+            if guard is not None
+            else f"only the {done} private steps are noised"
+        )
+        shown = ", ".join(str(i) for i in changed[:4]) + (", ..." if len(changed) > 4 else "")
+        raise ValueError(
+            f"optimizer.step() #{done + 1}: parameters {shown} (of {len(self.params)}) changed "
+            f"since step #{done} outside optimizer.step() (another optimizer, "
+            f"original_optimizer or a direct write): that update is not private, and {counted}; "
+            f"restore the parameters step #{done} left, or start again from a fresh model."
+        )
+
+    def _discard_round(self) -> None:
+        """Clear the round's gradients, noisy or not, and its pending report count."""
+        for p in self.params:
+            p.grad = None
+            p.grad_sample = None
+            p.summed_grad = None
+        self._pending_reports = 0
+        self._is_last_step_skipped = False
+
     def pre_step(self, closure: Any = None) -> bool:
         """Clip and accumulate, then, unless the step is skipped, add noise and scale.
 
         Opacus's own ``pre_step`` skips everything when no per-sample gradients exist, which
         is the case when a :class:`~shuffle_opacus.clipping.ClippedSumModule` clipped already;
-        this one runs the same sequence in both cases.
+        this one runs the same sequence in both cases. If anything raises (the accountant's
+        hook refusing the round, say), the round's gradients are cleared first, so that the
+        noise of a refused round cannot be applied by other means.
+
+        Args:
+            closure: Unused (the closure runs in :meth:`step`), as in Opacus.
+
+        Returns:
+            ``True`` when the wrapped optimizer should step, ``False`` for a skipped step.
         """
+        try:
+            return self._noisy_pre_step(closure)
+        except BaseException:
+            self._discard_round()
+            raise
+
+    def _noisy_pre_step(self, closure: Any) -> bool:
         if self._clipped_sums is None:
             return bool(super().pre_step(closure))
         self.clip_and_accumulate()

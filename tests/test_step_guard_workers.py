@@ -33,7 +33,7 @@ def private(num_workers: int, rounds: int = 8):
         noise_multiplier=2.0,
         max_grad_norm=1.0,
         rounds=rounds,
-        seed=4,
+        seed=4201 + num_workers,
         **SETTINGS["shuffled_checkin"][0],
     )
     return engine, net, opt, private_loader
