@@ -241,7 +241,12 @@ def epsilon_with_coupling(
     """
     probs = np.asarray(pmf._probs, dtype=float)
     disc = float(pmf._discretization)
-    losses = (int(pmf._lower_loss) + np.arange(probs.size)) * disc
+    lowest = int(pmf._lower_loss)
+    # Only losses above 0 enter delta at epsilon >= 0 (and the sums run from the top down), so
+    # the grid below the first positive loss is dropped before any exponential is taken.
+    cut = min(max(0, 1 - lowest), probs.size)
+    probs = probs[cut:]
+    losses = (lowest + cut + np.arange(probs.size)) * disc
     infinity = float(pmf._infinity_mass)
     with np.errstate(over="ignore"):
         weighted = probs * np.exp(-losses)
