@@ -250,8 +250,13 @@ def test_mnist_app_evaluates_the_last_round(tmp_path, monkeypatch, budget):
     assert [int(r["round"]) for r in rows] == list(range(last + 1))
     evaluated = [int(r["round"]) for r in rows if r["test-accuracy"]]
     assert evaluated == [0, last]
+    # The proven epsilon beside the tight one at the evaluated rounds, and in the summary.
+    assert [int(r["round"]) for r in rows if r["epsilon-proven"]] == [0, last]
+    proven = float(rows[last]["epsilon-proven"])
+    assert proven >= float(rows[last]["epsilon"]) > 0.0
     summary = json.loads((tmp_path / "run-5" / "summary.json").read_text())
     assert summary["rounds"] == last
+    assert summary["epsilon_proven"] == proven
     assert summary["final_test_accuracy"] == float(rows[last]["test-accuracy"])
     assert (summary["stop_reason"] is not None) == budget
 

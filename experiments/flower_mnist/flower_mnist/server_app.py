@@ -8,8 +8,10 @@ ServerApp appends a row to ``OUT-DIR/run-<run id>/rounds.csv`` (when ``out-dir``
 be absolute, since a ServerApp runs in the SuperLink's working directory): the round, ε, the
 number of check-ins, the elapsed time and, every ``evaluate-every`` rounds and after the last
 round that runs, the accuracy on the first ``test-examples`` MNIST test images (public data:
-evaluating on it costs no privacy). A ``summary.json`` follows at the end; its
-``final_test_accuracy`` is the last round's, ``null`` only with ``evaluate-every = 0``.
+evaluating on it costs no privacy) with the proven ε beside the tight one (method ``proven``,
+replace-one, no assumption on where the other nodes' updates lie). A ``summary.json`` follows
+at the end with both ε; its ``final_test_accuracy`` is the last round's, ``null`` only with
+``evaluate-every = 0``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .task import evaluate, initial_model, load_weights, setting, test_data
 COLUMNS = (
     "round",
     "epsilon",
+    "epsilon-proven",
     "num-checked-in",
     "num-reports",
     "test-accuracy",
@@ -118,6 +121,8 @@ def main(grid: Grid, context: Context) -> None:
             row = {
                 "round": server_round,
                 "epsilon": strategy.epsilons.get(server_round, 0.0),
+                # The proven epsilon costs more: only at evaluated rounds and the last one.
+                "epsilon-proven": strategy.epsilon_proven() if result or last else "",
                 "num-checked-in": metrics.get("num-checked-in", ""),
                 "num-reports": reports,
                 "test-accuracy": result.get("test-accuracy", ""),
@@ -142,6 +147,7 @@ def main(grid: Grid, context: Context) -> None:
         "mode": setting(rc, "mode", str),
         "rounds": rounds,
         "epsilon": strategy.epsilon(),
+        "epsilon_proven": strategy.epsilon_proven(),
         "delta": strategy.privacy.delta,
         "stop_reason": strategy.stop_reason,
         "final_test_accuracy": None if final is None else final.get("test-accuracy"),
