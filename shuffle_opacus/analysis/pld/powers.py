@@ -36,6 +36,34 @@ DEFAULT_TRUNCATION = 1e-15
 #: privacy loss). Both signs; the window is the tightest bound over all of them.
 _LOSS_ORDERS = np.concatenate((-np.geomspace(0.05, 400.0, 48), np.geomspace(0.05, 400.0, 48)))
 
+#: Largest Chernoff order per grid step (the exponent's slope per index): at this order the bound
+#: ``(log M + log(2/truncation)) / order`` lies within about 35 grid points of the support's end.
+_MAX_INDEX_ORDER = 1.0
+
+#: Orders per decade of the extension above ``_LOSS_ORDERS`` (as many as ``_LOSS_ORDERS`` has).
+_ORDERS_PER_DECADE = 12
+
+
+def _chernoff_orders(discretization: float) -> np.ndarray:
+    """Chernoff orders of a window, per grid index: :data:`_LOSS_ORDERS`, then up to the grid.
+
+    :data:`_LOSS_ORDERS` is fixed per unit of loss, so on a fine grid (a round whose loss is
+    small, as at large ``n``) its largest order is far below the slope a tight window needs
+    (about the normal quantile of the truncation over the composed loss's standard deviation),
+    and the window grew like ``1 / discretization``. The orders are therefore extended
+    geometrically from its largest one up to :data:`_MAX_INDEX_ORDER` per grid index; every
+    order gives a valid bound, the window is the tightest, and a grid whose fixed orders already
+    reach that slope (``discretization >= 1/400``) gets none.
+    """
+    orders = _LOSS_ORDERS * discretization
+    start = float(_LOSS_ORDERS[-1]) * discretization
+    if start >= _MAX_INDEX_ORDER:
+        return orders
+    count = max(2, math.ceil(_ORDERS_PER_DECADE * math.log10(_MAX_INDEX_ORDER / start)))
+    extra = np.geomspace(start, _MAX_INDEX_ORDER, count + 1)[1:]
+    return np.concatenate((orders, -extra, extra))
+
+
 #: Spectra kept per PMF (one per FFT length).
 _SPECTRA_KEPT = 2
 
@@ -71,7 +99,7 @@ class PmfPowers:
         self.probs = probs
         self.infinity = float(dense._infinity_mass)
         self.pessimistic = bool(dense._pessimistic_estimate)
-        orders = _LOSS_ORDERS * self.discretization
+        orders = _chernoff_orders(self.discretization)
         index = np.arange(probs.size, dtype=float)
         with np.errstate(over="ignore", divide="ignore"):
             self.log_mgf = np.array([logsumexp(index * o, b=probs) for o in orders])
