@@ -27,6 +27,8 @@ __all__ = [
     "SIGMA_RANGE",
     "check_probability",
     "check_delta",
+    "check_target_delta",
+    "MIN_DELTA",
     "check_orders",
 ]
 
@@ -152,6 +154,38 @@ def check_delta(value: object, name: str = "delta") -> float:
         raise ValueError(f"{name} must be a number in (0, 1). Found {_found(value)}.")
     if not (0.0 < fvalue < 1.0):
         raise ValueError(f"{name} must be in (0, 1). Found {value!r}.")
+    return fvalue
+
+
+MIN_DELTA = 1e-200
+"""Smallest target delta of the front doors (:func:`~shuffle_opacus.account`,
+:func:`~shuffle_opacus.calibrate`, :func:`~shuffle_opacus.history_epsilon`, the command line
+and the configs). The accounting derives smaller numbers from delta (the privacy loss
+distributions leave out ``1e-3 delta / rounds`` per round, which must stay >= ``1e-290``; the
+clones bounds split delta), and below about ``1e-280`` those leave the normal floats; ``1e-200``
+keeps them there for up to ``1e87`` rounds."""
+
+
+def check_target_delta(value: object, name: str = "delta") -> float:
+    """Return a target delta as ``float`` if it is a real number in ``[MIN_DELTA, 1)``.
+
+    Args:
+        value: The delta to check.
+        name: How messages name it (``--delta``, ``privacy.delta``).
+
+    Returns:
+        ``value`` as a float.
+
+    Raises:
+        ValueError: for a value that is not a number, outside ``(0, 1)`` (the message of
+            :func:`check_delta`), or below :data:`MIN_DELTA` (naming the range).
+    """
+    fvalue = check_delta(value, name)
+    if fvalue < MIN_DELTA:
+        raise ValueError(
+            f"{name} must be in [{MIN_DELTA:g}, 1) (a smaller delta underflows the "
+            f"accounting's arithmetic). Found {value!r}."
+        )
     return fvalue
 
 

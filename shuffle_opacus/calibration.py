@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._validation import check_delta, check_int, check_positive
+from ._validation import check_int, check_positive, check_target_delta
 from .analysis.limits import (
     API_MAX_SECONDS,
     PldRangeError,
@@ -28,7 +28,7 @@ from .analysis.results import conversion_term
 from .history import history_epsilon
 from .protocols import Protocol, analysis_sigma, get_protocol, resolve_sensitivity
 
-__all__ = ["calibrate", "Calibration", "calibrate_noise_multiplier"]
+__all__ = ["calibrate", "Calibration", "calibrate_noise_multiplier", "UnreachableTargetError"]
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def calibrate(
 
     Args:
         target_epsilon: Privacy budget epsilon (> 0).
-        delta: Target delta in ``(0, 1)``.
+        delta: Target delta in ``[1e-200, 1)`` (a smaller one underflows the accounting).
         population: Number of clients ``n``.
         rounds: Number of training rounds (integer >= 1).
         protocol: A protocol name or record.
@@ -95,14 +95,16 @@ def calibrate(
         A :class:`Calibration`.
 
     Raises:
-        ValueError: on invalid arguments, when even ``max_noise_multiplier`` does not reach
-            the target, when the target lies below the floor of Lemma 2 (Rényi-DP methods;
-            see :func:`~shuffle_opacus.analysis.results.conversion_term`), or for a request
-            over the work budget (:class:`~shuffle_opacus.analysis.limits.WorkLimitError`,
-            naming ``population`` or ``rounds`` and its largest acceptable value).
+        UnreachableTargetError: a ``ValueError``, when even ``max_noise_multiplier`` does
+            not reach the target (it names the smallest target that does).
+        ValueError: on invalid arguments, when the target lies below the floor of Lemma 2
+            (Rényi-DP methods; see :func:`~shuffle_opacus.analysis.results.conversion_term`),
+            or for a request over the work budget
+            (:class:`~shuffle_opacus.analysis.limits.WorkLimitError`, naming ``population`` or
+            ``rounds`` and its largest acceptable value).
     """
     target_epsilon = check_positive("target_epsilon", target_epsilon)
-    delta = check_delta(delta)
+    delta = check_target_delta(delta)
     rounds = check_int("rounds", rounds, minimum=1)
     record = get_protocol(protocol)
     population = check_int("population", population, minimum=1)
@@ -237,6 +239,35 @@ def _check_budget(
         raise WorkLimitError("population" + text[1:] if text.startswith("n ") else text) from None
 
 
+class UnreachableTargetError(ValueError):
+    """The target epsilon is not met even at the largest noise multiplier tried.
+
+    Attributes:
+        target_epsilon: The target.
+        max_noise_multiplier: The largest noise multiplier tried.
+        reached: Epsilon at ``max_noise_multiplier`` (``inf`` where it is not finite): the
+            smallest target that noise multiplier meets.
+    """
+
+    def __init__(self, target_epsilon: float, max_noise_multiplier: float, reached: float):
+        """Build the one-line message from the three numbers (see the attributes)."""
+        self.target_epsilon = target_epsilon
+        self.max_noise_multiplier = max_noise_multiplier
+        self.reached = reached
+        head = (
+            f"target_epsilon={target_epsilon} is not reached with noise_multiplier <= "
+            f"{max_noise_multiplier}"
+        )
+        if math.isfinite(reached):
+            text = (
+                f"{head}: target_epsilon must be >= {reached:.6g} (the epsilon at "
+                f"noise_multiplier {max_noise_multiplier}), or raise max_noise_multiplier."
+            )
+        else:
+            text = f"{head} (epsilon is not finite there); raise max_noise_multiplier."
+        super().__init__(text)
+
+
 def calibrate_noise_multiplier(
     *,
     target_epsilon: float,
@@ -307,12 +338,13 @@ def _bisect(
         The smallest noise multiplier found with ``eps <= target_epsilon``.
 
     Raises:
-        ValueError: when even ``max_noise_multiplier`` does not reach the target.
+        UnreachableTargetError: when even ``max_noise_multiplier`` does not reach the target.
     """
     log_target = math.log(target_epsilon)
+    seen: dict[float, float] = {}
 
     def excess(x: float) -> float:
-        value = eps(x)
+        value = seen[x] = eps(x)
         if value <= 0.0:
             return -math.inf
         return math.log(value) - log_target if math.isfinite(value) else math.inf
@@ -327,16 +359,12 @@ def _bisect(
     ):
         # Unreachable (the pld method has no floor, so only the noise cap says so): one look
         # at the cap instead of every doubling up to it.
-        raise ValueError(
-            f"target_epsilon={target_epsilon} is not reached with noise_multiplier <= "
-            f"{max_noise_multiplier}; raise target_epsilon or max_noise_multiplier."
+        raise UnreachableTargetError(
+            target_epsilon, max_noise_multiplier, seen[max_noise_multiplier]
         )
     while g_high > 0.0:
         if high >= max_noise_multiplier:
-            raise ValueError(
-                f"target_epsilon={target_epsilon} is not reached with noise_multiplier <= "
-                f"{max_noise_multiplier}; raise target_epsilon or max_noise_multiplier."
-            )
+            raise UnreachableTargetError(target_epsilon, max_noise_multiplier, seen[high])
         high = min(2.0 * high, max_noise_multiplier)
         g_high = excess(high)
     while True:  # below ``high``, a point that misses the target

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import re
 import sys
@@ -31,10 +32,10 @@ from typing import TypeVar
 from . import render
 from ._validation import (
     SIGMA_RANGE,
-    check_delta,
     check_positive,
     check_probability,
     check_sigma,
+    check_target_delta,
 )
 from .analysis.limits import CLI_MAX_SECONDS, observe
 from .analysis.mechanisms import MECHANISM_TABLE, PARAMETERS
@@ -42,7 +43,7 @@ from .analysis.options import KRR_ADVERSARIES
 from .analysis.query import account
 from .analysis.rdp.conversion import OrderCapWarning
 from .analysis.results import AccountingResult
-from .calibration import calibrate
+from .calibration import UnreachableTargetError, calibrate
 from .protocols import (
     PROTOCOL_NAMES,
     PROTOCOLS,
@@ -111,7 +112,7 @@ def _float_arg(name: str, checker: Callable[[str, object], float]) -> Callable[[
 
 
 def _delta_arg() -> Callable[[str], float]:
-    return _float_arg("--delta", lambda label, v: check_delta(v, label))
+    return _float_arg("--delta", lambda label, v: check_target_delta(v, label))
 
 
 def _sensitivity_arg(text: str) -> float:
@@ -484,6 +485,8 @@ def _calibrate(args: argparse.Namespace) -> int:
                 sensitivity=args.sensitivity,
                 method=method,
             )
+    except UnreachableTargetError as exc:
+        raise CliError(_unreachable(exc, args.method)) from None
     except ValueError as exc:
         text = str(exc)
         if text.startswith("sigma "):  # the analysis sigma, noise multiplier / sensitivity
@@ -518,6 +521,29 @@ def _calibrate(args: argparse.Namespace) -> int:
     if found.note and not args.json:
         print(f"{PROG}: note: {found.note}", file=sys.stderr)
     return 0
+
+
+def _unreachable(exc: UnreachableTargetError, method: str | None) -> str:
+    """Say which ``--epsilon`` the largest noise multiplier calibrate tries still meets.
+
+    Args:
+        exc: The calibration's refusal.
+        method: The ``--method`` given, or ``None`` for the default.
+
+    Returns:
+        One line naming ``--epsilon`` and its range.
+    """
+    by = f"--method {method}" if method is not None else "the default method"
+    cap = f"a noise multiplier <= {exc.max_noise_multiplier:g} (the largest calibrate tries)"
+    if not math.isfinite(exc.reached):
+        return (
+            f"--epsilon {exc.target_epsilon:g} is not reached by {by} with {cap}: its epsilon "
+            f"there is not finite."
+        )
+    return (
+        f"--epsilon must be >= {exc.reached:.6g} for {by}: a smaller target is not reached "
+        f"with {cap}. Found {exc.target_epsilon:g}."
+    )
 
 
 def _one_line(message: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._validation import check_delta, check_int
+from ._validation import check_int, check_target_delta
 from .analysis.epsilon import rounds_epsilon
 from .analysis.rdp.conversion import EpsilonResult
 from .protocols import HistoryEntry, Protocol, analysis_sigma, get_protocol, resolve_sensitivity
@@ -43,7 +43,7 @@ def history_epsilon(
         history: ``(noise_multiplier, sample_rate, steps)`` entries as kept by Opacus accountants.
             ``noise_multiplier`` is the *local* noise of one client relative to the clipping norm.
         protocol: A protocol name or record (see :data:`~shuffle_opacus.protocols.PROTOCOLS`).
-        delta: Target delta in ``(0, 1)``.
+        delta: Target delta in ``[1e-200, 1)`` (a smaller one underflows the accounting).
         population: Number of clients ``n``.
         sensitivity: See :func:`~shuffle_opacus.protocols.resolve_sensitivity`.
         method: A method of the protocol's analysis; by default the tightest sound one
@@ -67,7 +67,7 @@ def history_epsilon(
     sens = resolve_sensitivity(sensitivity)
     if reference is None:
         method = record.check_method(method)
-    delta = check_delta(delta)
+    delta = check_target_delta(delta)
     rounds = []
     for noise_multiplier, sample_rate, steps in history:
         if check_int("steps", steps, minimum=0) == 0:

@@ -305,7 +305,7 @@ def test_calibrate_meets_the_target_and_matches_the_library(capsys):
         ),
         (
             ["full", "--n", "2", "--rounds", "5", "--epsilon", "1e-6"],
-            "is not reached with noise_multiplier",
+            "--epsilon must be >= ",
         ),
     ],
 )

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .._validation import check_delta, check_int, check_positive, check_probability, check_sigma
+from .._validation import (
+    check_int,
+    check_positive,
+    check_probability,
+    check_sigma,
+    check_target_delta,
+)
 from .epsilon import compute_epsilon
 from .limits import API_MAX_SECONDS, MAX_ORDER, check_budget, work_budget
 from .mechanisms import PARAMETERS, get_mechanism
@@ -60,7 +66,7 @@ def account(
         parameters: The mechanism's parameters by name (see
             :data:`~.mechanisms.PARAMETERS`); ``None`` values count as absent.
         steps: Round counts (integers >= 1), one result each.
-        delta: Target delta in ``(0, 1)``.
+        delta: Target delta in ``[1e-200, 1)`` (a smaller one underflows the accounting).
         method: One of the mechanism's methods (the default when ``None``).
         max_order: Cap on the Rényi order (mechanisms composed by rounds only), at most
             :data:`~shuffle_opacus.analysis.limits.MAX_ORDER`.
@@ -98,7 +104,7 @@ def account(
     counts = [check_int("steps", s, minimum=1) for s in steps]
     if not counts:
         raise ValueError("steps must list at least one round count.")
-    delta = check_delta(delta)
+    delta = check_target_delta(delta)
     if max_seconds is not None:
         check_budget(
             mechanism,

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._validation import (
-    check_delta,
     check_nonnegative,
     check_positive,
     check_probability,
+    check_target_delta,
 )
 from ..protocols import get_protocol, resolve_sensitivity
 
@@ -99,7 +99,7 @@ class ShufflePrivacyConfig:
             ``clip_norm`` (> 0; 0 only with ``allow_noiseless``, and then epsilon = inf).
         clip_norm: ``C``, the L2 bound of a node's whole update (> 0).
         rate: Check-in probability γ of every node in every round, in ``(0, 1]``.
-        delta: Target δ in ``(0, 1)``.
+        delta: Target δ in ``[1e-200, 1)``.
         sensitivity: Sensitivity in units of ``C`` as a float (``"replace-one"`` = 2.0 and
             ``"paper"`` = 1.0 are accepted by the constructor and stored as numbers).
         method: Method of the check-in analysis; ``None`` (the default) is the tightest sound
@@ -141,7 +141,7 @@ class ShufflePrivacyConfig:
             "noise_multiplier": check_sigma("noise_multiplier", noise_multiplier),
             "clip_norm": check_positive("clip_norm", clip_norm),
             "rate": check_probability("rate", rate),
-            "delta": check_delta(delta),
+            "delta": check_target_delta(delta),
             "sensitivity": resolve_sensitivity(sensitivity),
             "method": _CHECKIN.check_method(method),
             "allow_noiseless": allow_noiseless,

@@ -280,8 +280,10 @@ def ldp_shuffle_rdp(
 
 def _hockey_stick_curve(first: np.ndarray, second: np.ndarray, alphas: np.ndarray) -> np.ndarray:
     """``H_a(first || second) = sum (first - a second)_+`` at each ``a``."""
-    with np.errstate(divide="ignore"):
-        ratio = np.where(second > 0, first / second, np.inf)
+    # Divide only where ``second > 0`` (an outcome with ``second = 0`` has ratio inf, whatever
+    # ``first`` is): dividing everywhere warns about the 0 / 0 of outcomes neither side reaches.
+    ratio = np.full(first.shape, np.inf)
+    np.divide(first, second, out=ratio, where=second > 0)
     order = np.argsort(-ratio)
     ratio, first, second = ratio[order], first[order], second[order]
     cum_first = np.concatenate(([0.0], np.cumsum(first)))
