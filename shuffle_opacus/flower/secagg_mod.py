@@ -65,6 +65,7 @@ __all__ = [
     "CEILING_NODE_CONFIG_KEY",
     "FITINS_ARRAYS",
     "FITINS_CONFIG",
+    "MAX_REPLY_AFTER",
     "PADDING_NODE_CONFIG_KEY",
     "SecAggCheckInMod",
 ]
@@ -73,6 +74,9 @@ __all__ = [
 CEILING_NODE_CONFIG_KEY = "max-checkin-rate"
 #: ``--node-config`` key with which a SuperNode's operator can raise the padding.
 PADDING_NODE_CONFIG_KEY = "reply-after"
+#: Largest padding in seconds (one hour): the node waits it out in every round, and the wait's
+#: timer takes no larger number (``reply_after=1e300`` halted round 1 after the release).
+MAX_REPLY_AFTER = 3600.0
 #: Record keys of Flower's legacy training instruction (``FitIns``), which SecAgg+ uses.
 FITINS_ARRAYS = "fitins.parameters"
 FITINS_CONFIG = "fitins.config"
@@ -82,6 +86,31 @@ _PREFIX = "shuffle-model secagg mod: "
 #: How the mod waits out its padding (tests replace it to skip the wait).
 _SLEEP = time.sleep
 Mod = Callable[[Message, Context, ClientAppCallable], Message]
+
+
+def check_padding(name: str, value: object) -> float:
+    """Return a padding in seconds if it is a finite number in ``(0, MAX_REPLY_AFTER]``.
+
+    Args:
+        name: How the message names it (``reply_after``, the node config key).
+        value: The padding.
+
+    Returns:
+        ``value`` as a float.
+
+    Raises:
+        ValueError: otherwise, one line naming ``name`` and the range.
+    """
+    try:
+        seconds: float | None = check_positive(name, value)
+    except ValueError:
+        seconds = None
+    if seconds is None or seconds > MAX_REPLY_AFTER:
+        raise ValueError(
+            f"{name} must be a finite number > 0 and <= {MAX_REPLY_AFTER:g} (seconds; one "
+            f"hour). Found {value!r}."
+        )
+    return seconds
 
 
 class SecAggCheckInMod:
@@ -120,15 +149,16 @@ class SecAggCheckInMod:
         Args:
             min_noise_multiplier: Smallest σ the node accepts (>= 0); a SuperNode can raise it
                 with the node config key ``min-noise-multiplier``.
-            reply_after: Seconds (> 0, required) after the masked-vector instruction arrived at
-                which the node hands its report to SecAgg+, whatever its training took, so that
-                the time of its reply does not depend on its data (e.g. its number of
-                examples). A training still running then is abandoned for the round: the node
-                sends the zero update (see the module docstring). Choose it above the slowest
-                training of the node and below the server's stage timeout; a SuperNode can
-                raise it with the node config key ``reply-after``. It may also be a function
-                of the node's ``Context`` returning those seconds (e.g. from the run config's
-                workload); it must not depend on the node's data.
+            reply_after: Seconds (> 0 and at most :data:`MAX_REPLY_AFTER`, one hour; required)
+                after the masked-vector instruction arrived at which the node hands its report
+                to SecAgg+, whatever its training took, so that the time of its reply does not
+                depend on its data (e.g. its number of examples). A training still running then
+                is abandoned for the round: the node sends the zero update (see the module
+                docstring). Choose it above the slowest training of the node and below the
+                server's stage timeout; a SuperNode can raise it (up to the same hour) with the
+                node config key ``reply-after``. It may also be a function of the node's
+                ``Context`` returning those seconds (e.g. from the run config's workload); it
+                must not depend on the node's data.
             max_rate: Largest check-in rate γ the node accepts, in ``(0, 1]``; a SuperNode can
                 lower it with the node config key ``max-checkin-rate``.
             sensitivity: ``"replace-one"`` (default), ``"paper"`` or a number in ``[1, 2]``.
@@ -156,7 +186,7 @@ class SecAggCheckInMod:
                 raise ValueError(f"{name} must be True or False. Found {value!r}.")
         self.train_when_absent = train_when_absent
         self.reply_after = (
-            reply_after if callable(reply_after) else check_positive("reply_after", reply_after)
+            reply_after if callable(reply_after) else check_padding("reply_after", reply_after)
         )
         self.allow_noiseless = allow_noiseless
         self.seed = None if seed is None else check_int("seed", seed, minimum=0)
@@ -194,16 +224,16 @@ class SecAggCheckInMod:
 
         Raises:
             ValueError: if ``reply_after(context)`` or the node config's ``reply-after`` is not
-                a finite number > 0.
+                a finite number in ``(0, MAX_REPLY_AFTER]`` (one hour).
         """
         if callable(self.reply_after):
-            seconds = check_positive("reply_after(context)", self.reply_after(context))
+            seconds = check_padding("reply_after(context)", self.reply_after(context))
         else:
             seconds = self.reply_after
         configured = context.node_config.get(PADDING_NODE_CONFIG_KEY)
         if configured is None:
             return seconds
-        return max(seconds, check_positive(f"node config {PADDING_NODE_CONFIG_KEY}", configured))
+        return max(seconds, check_padding(f"node config {PADDING_NODE_CONFIG_KEY}", configured))
 
     # --- messages -------------------------------------------------------------------------
 
@@ -232,6 +262,7 @@ class SecAggCheckInMod:
         try:
             record = _settings_record(msg.content.config_records.values())
             privacy, num_nodes, max_dropouts = self._read(record, context)
+            self.padding(context)  # a padding out of range stops the run before any round
             if record.get(HANDSHAKE_KEY) is not True:
                 raise ValueError(
                     "a training instruction of the secure-aggregation mode must come through "

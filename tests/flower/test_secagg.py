@@ -509,6 +509,17 @@ def _counting_app(mod, calls):
             "this node takes part only in the trusted-server mode; the server runs secagg",
         ),
         (None, {}, "is SecAggCheckInMod the first mod of the ClientApp?"),
+        # A padding beyond an hour (the wait's timer overflowed in round 1, after the release).
+        (
+            secagg_mod(),
+            {"reply-after": 1e300},
+            "node config reply-after must be a finite number > 0 and <= 3600",
+        ),
+        (
+            secagg_mod(reply_after=lambda context: 1e300),
+            {},
+            "reply_after(context) must be a finite number > 0 and <= 3600",
+        ),
     ],
 )
 def test_start_up_check_refuses_before_any_round(mod, node_config, text):
@@ -591,12 +602,22 @@ def test_the_secagg_mod_refuses_other_instructions():
         ({"seed": -1}, "seed must be an integer >= 0"),
         ({"reply_after": -1.0}, "reply_after must be a finite number > 0"),
         ({"reply_after": 0.0}, "reply_after must be a finite number > 0"),
+        (
+            {"reply_after": 1e300},
+            r"^reply_after must be a finite number > 0 and <= 3600 \(seconds; one hour\)\. "
+            r"Found 1e\+300\.$",
+        ),
+        ({"reply_after": 3600.5}, "reply_after must be a finite number > 0 and <= 3600"),
         ({"secure_aggregation_mod": 3}, "secure_aggregation_mod must be a mod"),
     ],
 )
 def test_mod_arguments(kwargs, text):
     with pytest.raises(ValueError, match=text):
         SecAggCheckInMod(**{"min_noise_multiplier": 0.5, "reply_after": 1.0, **kwargs})
+
+
+def test_an_hour_of_padding_is_accepted():
+    assert SecAggCheckInMod(min_noise_multiplier=0.5, reply_after=3600.0).reply_after == 3600.0
 
 
 def test_strategy_and_router_arguments():
