@@ -8,6 +8,11 @@ For each setting: the tight epsilon (``pld``, resting on Theorem 1's pair), the 
 stand-ins), their ratio, the earlier proven route (``clones-gaussian``: the clones bound composed
 round by round in approximate DP) and the time of the proven answer from a cold start (the
 level search included), measured in a fresh process so that no cache helps it.
+
+    .venv/bin/python benchmarks/proven.py --every-round 5540
+
+asks both methods after every round 1..R of the paper setting, interleaved in one process (as an
+accountant reporting every round does), and prints each one's total and slowest answer.
 """
 
 from __future__ import annotations
@@ -59,12 +64,53 @@ def _one(name: str) -> dict[str, object]:
     }
 
 
+def _every_round(rounds: int) -> None:
+    """Ask ``pld`` and ``proven`` after every round of the paper setting, interleaved."""
+    from shuffle_opacus.analysis.pld.proven import proven_rounds_epsilon
+    from shuffle_opacus.analysis.pld.rounds import ShuffleRound, shuffle_rounds_epsilon
+
+    paper = SETTINGS["paper"]
+    setting = ShuffleRound(
+        n=int(paper["n"]), sigma=float(paper["sigma"]), rate=float(paper["rate"])
+    )
+    methods = {"pld": shuffle_rounds_epsilon, "proven": proven_rounds_epsilon}
+    total = dict.fromkeys(methods, 0.0)
+    slowest = dict.fromkeys(methods, 0.0)
+    load = os.getloadavg()[0]
+    for r in range(1, rounds + 1):
+        for name, fn in methods.items():
+            start = time.perf_counter()
+            fn([(setting, r)], delta=1e-5)
+            took = time.perf_counter() - start
+            total[name] += took
+            slowest[name] = max(slowest[name], took)
+        if r % 500 == 0:
+            print(f"[every-round] {r}/{rounds}", file=sys.stderr, flush=True)
+    print(f"load average: {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end (2 cores)")
+    print("| method | total over rounds 1..R | slowest answer | mean per round |")
+    print("|---|---|---|---|")
+    for name in methods:
+        print(
+            f"| {name} | {total[name]:.1f} s | {slowest[name]:.2f} s | "
+            f"{1e3 * total[name] / rounds:.1f} ms |"
+        )
+    print(f"proven/pld total: {total['proven'] / total['pld']:.2f} (R = {rounds})")
+
+
 def main() -> None:
     """Print one JSON line per setting, then a table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", choices=list(SETTINGS), default=list(SETTINGS))
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--every-round", type=int, metavar="R", help="time both methods asked after every round"
+    )
     args = parser.parse_args()
+    if args.every_round is not None:
+        if args.every_round < 1:
+            parser.error(f"--every-round must be an integer >= 1. Found {args.every_round}.")
+        _every_round(args.every_round)
+        return
     if args.child:
         print(json.dumps(_one(args.child)))
         return
