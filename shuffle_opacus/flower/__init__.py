@@ -12,8 +12,10 @@ flips each node's own coin and feeds Flower's SecAgg+, :class:`SecAggCheckInFedA
 the sum and the count (:mod:`.secagg` and its siblings). :class:`ShufflePrivacyConfig` is what
 mods, strategies and accountant agree on; :class:`PrivacyModeMod` serves both modes from one
 ClientApp; :class:`InProcessGrid` (:mod:`.testing`) runs a ClientApp in this process;
-:mod:`.launch` runs an app with ``flwr run``. Install with ``pip install
-'shuffle-opacus[flower]'``; ``docs/flower.md`` states both modes' guarantees and assumptions.
+:mod:`.launch` runs an app with ``flwr run``; :class:`ShuffleCheckInAccountant`
+(:mod:`.accounting`) is the strategies' ledger in the shape of Flower's ``PrivacyAccountant``
+protocol. Install with ``pip install 'shuffle-opacus[flower]'``; ``docs/flower.md`` states both
+modes' guarantees and assumptions.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ if importlib.util.find_spec("flwr") is None:  # pragma: no cover - exercised in 
         "pip install 'shuffle-opacus[flower]'"
     )
 
+from .accounting import (  # noqa: E402
+    ShuffleAccountingConfig,
+    ShuffleCheckInAccountant,
+    ShuffleCheckInEvent,
+)
 from .checkin_base import EPSILON_PROVEN_KEY  # noqa: E402
 from .config import METRIC_KEYS, MODES, SECAGG, TRUSTED_SERVER, ShufflePrivacyConfig  # noqa: E402
 from .mod import LocalShuffleDPMod  # noqa: E402
@@ -52,6 +59,9 @@ __all__ = [
     "SecAggCheckInFedAvg",
     "SecAggCheckInMod",
     "SecAggParameters",
+    "ShuffleAccountingConfig",
+    "ShuffleCheckInAccountant",
+    "ShuffleCheckInEvent",
     "ShuffleCheckInFedAvg",
     "ShufflePrivacyConfig",
     "ShuffledReplies",

@@ -38,6 +38,7 @@ from ..analysis.epsilon import proven_note
 from ..analysis.rdp.conversion import EpsilonResult
 from ..history import history_epsilon
 from ..protocols import SENSITIVITIES, HistoryEntry, get_protocol, sensitivity_assumptions
+from .accounting import ShuffleAccountingConfig, ShuffleCheckInAccountant, ShuffleCheckInEvent
 from .config import ShufflePrivacyConfig
 from .nodes import ProtocolViolationError, check_nodes, wait_for_population
 
@@ -183,6 +184,7 @@ class CheckInBase(abc.ABC):
     stop_reason: str | None
     _unprotected_rounds: int
     _results: dict[tuple[str | None, float, tuple[HistoryEntry, ...]], EpsilonResult]
+    _accountant: ShuffleCheckInAccountant | None
 
     def _init_checkin(
         self,
@@ -219,6 +221,7 @@ class CheckInBase(abc.ABC):
         self.stop_reason = None
         self._unprotected_rounds = 0
         self._results = {}
+        self._accountant = None
         if privacy.noise_multiplier == 0.0:
             log(WARNING, "noise_multiplier = 0: the reports carry no noise; epsilon is infinite")
 
@@ -228,6 +231,26 @@ class CheckInBase(abc.ABC):
     @abc.abstractmethod
     def accounting_population(self) -> int:
         """The population ``n`` the accountant uses."""
+
+    @property
+    def accountant(self) -> ShuffleCheckInAccountant:
+        """The run's ledger in Flower's accounting shape (:mod:`.accounting`).
+
+        Every accounted round is composed into it as a :class:`ShuffleCheckInEvent`; its
+        configuration is this run's (δ, population, method, sensitivity, budget). Save it with
+        ``state_dict``; its ε equals :meth:`epsilon` (which keeps its own cache of results).
+        """
+        if self._accountant is None:
+            self._accountant = ShuffleCheckInAccountant(
+                ShuffleAccountingConfig(
+                    target_delta=self.privacy.delta,
+                    population_size=self.accounting_population,
+                    max_epsilon=self.max_epsilon,
+                    method=self.privacy.method,
+                    sensitivity=self.privacy.sensitivity,
+                )
+            )
+        return self._accountant
 
     @property
     def rounds_accounted(self) -> int:
@@ -361,6 +384,7 @@ class CheckInBase(abc.ABC):
 
     def _account_round(self) -> None:
         sigma, rate = self.privacy.noise_multiplier, self.privacy.rate
+        self.accountant.compose(ShuffleCheckInEvent(sigma, rate, self.accounting_population))
         if sigma == 0.0:
             self._unprotected_rounds += 1
         elif self.history and self.history[-1][:2] == (sigma, rate):

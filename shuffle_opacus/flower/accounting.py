@@ -1,0 +1,416 @@
+"""An accountant of Flower's privacy-accounting shape for shuffled check-in rounds.
+
+Flower 1.42 defines a ``PrivacyAccountant`` protocol (``flwr.supercore.privacy_accounting``:
+``compose(event, count)``, ``get_epsilon``, ``get_delta``, ``get_privacy_spent``,
+``would_exceed``, ``state_dict``/``load_state_dict``) with a Rényi backend for the sampled
+Gaussian only. :class:`ShuffleCheckInAccountant` has the same members and accounts
+:class:`ShuffleCheckInEvent` rounds (locally noised reports of the nodes that checked in, seen
+as an anonymous multiset or as their sum) under replace-one adjacency of one node, by the tight
+method (``pld``, resting on Theorem 1's pair) or the proven one. It needs no flwr module, so it
+works with flwr 1.41; the strategies of :mod:`.checkin_base` keep one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._validation import check_delta, check_int, check_positive, check_probability
+from ..analysis.epsilon import proven_note
+from ..history import HistoryEntry, history_epsilon
+from ..protocols import get_protocol, resolve_sensitivity, sensitivity_assumptions
+
+__all__ = [
+    "NeighboringRelation",
+    "PrivacySpent",
+    "SamplingMethod",
+    "ShuffleAccountingConfig",
+    "ShuffleCheckInAccountant",
+    "ShuffleCheckInEvent",
+]
+
+_SCHEMA = 1
+_BACKEND = "shuffle_opacus.checkin"
+_METHODS = (None, "pld", "proven")
+_CHECKIN = get_protocol("checkin")
+
+
+class NeighboringRelation(str, enum.Enum):
+    """Which datasets are neighbours (the values of Flower's enum of the same name)."""
+
+    ADD_OR_REMOVE_ONE = "add-or-remove-one"
+    REPLACE_ONE = "replace-one"
+
+
+class SamplingMethod(str, enum.Enum):
+    """How nodes take part in a round (the values of Flower's enum of the same name).
+
+    Check-in is ``poisson``: every node flips its own coin with probability ``rate``.
+    """
+
+    POISSON = "poisson"
+    WITHOUT_REPLACEMENT = "without-replacement"
+    NO_AMPLIFICATION = "no-amplification"
+
+
+def _value(option: object) -> object:
+    """Return the string value of an enum member (ours or flwr's), or the object itself."""
+    return option.value if isinstance(option, enum.Enum) else option
+
+
+@dataclass(frozen=True)
+class ShuffleAccountingConfig:
+    """What :class:`ShuffleCheckInAccountant` accounts, with Flower's ``PrivacyConfig`` fields.
+
+    Attributes:
+        target_delta: δ of :meth:`ShuffleCheckInAccountant.get_privacy_spent`, in ``(0, 1)``.
+        population_size: ``n``, the nodes that may check in.
+        neighboring_relation: Only ``replace-one`` (one node's data replaced); Flower's or this
+            module's enum member, or its string.
+        sampling_method: Only ``poisson`` (check-in: each node's own coin).
+        max_epsilon: Budget of :meth:`ShuffleCheckInAccountant.would_exceed`, or ``None``.
+        method: ``None`` or ``"pld"`` (tight, resting on Theorem 1's pair) or ``"proven"``
+            (published theorems only, replace-one whatever ``sensitivity``).
+        sensitivity: In units of the clipping norm; ``"replace-one"`` (2) is the guarantee.
+    """
+
+    target_delta: float
+    population_size: int
+    neighboring_relation: Any = NeighboringRelation.REPLACE_ONE
+    sampling_method: Any = SamplingMethod.POISSON
+    max_epsilon: float | None = None
+    method: str | None = None
+    sensitivity: float | str = "replace-one"
+
+    def __post_init__(self) -> None:
+        """Check every field (one-line errors naming it)."""
+        check_delta(self.target_delta)
+        check_int("population_size", self.population_size, minimum=1)
+        relation = _value(self.neighboring_relation)
+        if relation != NeighboringRelation.REPLACE_ONE.value:
+            raise ValueError(
+                "neighboring_relation must be 'replace-one' (a shuffled report's privacy is "
+                f"stated for one node's data replaced). Found {relation!r}."
+            )
+        sampling = _value(self.sampling_method)
+        if sampling != SamplingMethod.POISSON.value:
+            raise ValueError(
+                "sampling_method must be 'poisson' (check-in: every node flips its own coin). "
+                f"Found {sampling!r}."
+            )
+        if self.max_epsilon is not None:
+            check_positive("max_epsilon", self.max_epsilon)
+        if self.method not in _METHODS:
+            raise ValueError(f"method must be one of None, 'pld', 'proven'. Found {self.method!r}.")
+        resolve_sensitivity(self.sensitivity)
+
+
+@dataclass(frozen=True)
+class ShuffleCheckInEvent:
+    """One shuffled check-in round (or ``count`` identical ones, see ``compose``).
+
+    Every node checks in with probability ``rate``, clips its update to ``C`` and adds Gaussian
+    noise of std ``noise_multiplier * C``; the server sees the reports of those who checked in
+    as an anonymous multiset (trusted-server mode) or their sum (secure aggregation).
+
+    Attributes:
+        noise_multiplier: Local noise over the clipping norm, ``>= 0`` (0: ε is infinite).
+        rate: Check-in probability, in ``(0, 1]``.
+        population_size: ``n``; must be the configuration's.
+    """
+
+    noise_multiplier: float
+    rate: float
+    population_size: int
+
+    def __post_init__(self) -> None:
+        """Check every field (one-line errors naming it)."""
+        value = self.noise_multiplier
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"noise_multiplier must be a finite float >= 0. Found {value!r}.")
+        if not math.isfinite(value):
+            raise ValueError(f"noise_multiplier must be a finite float >= 0. Found {value!r}.")
+        check_probability("rate", self.rate)
+        check_int("population_size", self.population_size, minimum=1)
+
+
+@dataclass(frozen=True)
+class PrivacySpent:
+    """Cumulative spending, with Flower's ``PrivacySpent`` fields and what it rests on.
+
+    Attributes:
+        epsilon: ε at ``delta``.
+        delta: δ.
+        num_releases: Rounds composed.
+        accounting_method: ``"shuffle-pld"`` or ``"shuffle-proven"`` (or the Rényi fallback's
+            method where ``pld`` is beyond the work limits).
+        optimal_order: The Rényi order for a Rényi method, else ``None``.
+        note: How the number was obtained (proven route, fallback), or ``None``.
+        neighboring_relation: Always ``"replace-one"`` (one node's data replaced).
+        sensitivity: The sensitivity in units of the clipping norm (2: replace-one).
+        assumptions: What the number rests on (Theorem 1's pair for ``pld``, secret noise,
+            shuffle and coins).
+    """
+
+    epsilon: float
+    delta: float
+    num_releases: int
+    accounting_method: str
+    optimal_order: float | None = None
+    note: str | None = None
+    neighboring_relation: str = NeighboringRelation.REPLACE_ONE.value
+    sensitivity: float = 2.0
+    assumptions: tuple[str, ...] = ()
+
+
+class ShuffleCheckInAccountant:
+    """Accountant of shuffled check-in rounds with the members of Flower's protocol.
+
+    ε is :func:`shuffle_opacus.history_epsilon` of the composed rounds (protocol ``checkin``,
+    adaptive composition, replace-one adjacency of one node), by ``config.method``.
+
+    Args:
+        config: A :class:`ShuffleAccountingConfig`.
+
+    Raises:
+        ValueError: when ``config`` is not a :class:`ShuffleAccountingConfig`.
+    """
+
+    def __init__(self, config: ShuffleAccountingConfig) -> None:
+        if not isinstance(config, ShuffleAccountingConfig):
+            raise ValueError(
+                "config must be a ShuffleAccountingConfig (Flower's PrivacyConfig cannot state "
+                f"check-in under replace-one). Found {type(config).__name__}."
+            )
+        self._config = config
+        self._compositions: list[tuple[ShuffleCheckInEvent, int]] = []
+
+    @property
+    def config(self) -> ShuffleAccountingConfig:
+        """The configuration."""
+        return self._config
+
+    @property
+    def num_releases(self) -> int:
+        """Rounds composed so far."""
+        return sum(count for _, count in self._compositions)
+
+    def _check_event(self, event: object, count: int) -> ShuffleCheckInEvent:
+        if not isinstance(event, ShuffleCheckInEvent):
+            raise ValueError(
+                "event must be a ShuffleCheckInEvent (a GaussianPrivacyEvent describes noise "
+                f"added centrally to a sampled sum, not shuffled reports). Found "
+                f"{type(event).__name__}."
+            )
+        if event.population_size != self._config.population_size:
+            raise ValueError(
+                f"event.population_size must be the configuration's "
+                f"{self._config.population_size}. Found {event.population_size}."
+            )
+        check_int("count", count, minimum=1)
+        return event
+
+    def compose(self, event: ShuffleCheckInEvent, count: int = 1) -> None:
+        """Account ``count`` rounds of ``event``.
+
+        Raises:
+            ValueError: for an event of another type or population, or ``count < 1``.
+        """
+        event = self._check_event(event, count)
+        if self._compositions and self._compositions[-1][0] == event:
+            self._compositions[-1] = (event, self._compositions[-1][1] + count)
+        else:
+            self._compositions.append((event, count))
+
+    def _history(self, extra: tuple[ShuffleCheckInEvent, int] | None = None) -> list[HistoryEntry]:
+        entries = [*self._compositions, *([extra] if extra else [])]
+        return [(e.noise_multiplier, e.rate, c) for e, c in entries]
+
+    def _spent(self, delta: float, history: list[HistoryEntry]) -> PrivacySpent:
+        delta = check_delta(delta)
+        rounds = sum(c for _, _, c in history)
+        method = self._config.method
+        sensitivity = "replace-one" if method == "proven" else self._config.sensitivity
+        if rounds == 0 or any(noise == 0.0 for noise, _, _ in history):
+            return self._record(0.0 if rounds == 0 else math.inf, delta, rounds, method, None)
+        result = history_epsilon(
+            history,
+            protocol="checkin",
+            delta=delta,
+            population=self._config.population_size,
+            sensitivity=sensitivity,
+            method=method,
+        )
+        note = result.note
+        if result.details and result.method == "proven":
+            note = proven_note(dict(result.details))
+        spent = self._record(float(result.epsilon), delta, rounds, result.method, note)
+        if result.order and result.method not in (None, "pld", "proven"):
+            spent = dataclasses.replace(spent, optimal_order=float(result.order))
+        return spent
+
+    def _record(
+        self, epsilon: float, delta: float, rounds: int, method: str | None, note: str | None
+    ) -> PrivacySpent:
+        method = method or self._config.method or _CHECKIN.analysis.default_method
+        sensitivity = "replace-one" if method == "proven" else self._config.sensitivity
+        return PrivacySpent(
+            epsilon,
+            delta,
+            rounds,
+            f"shuffle-{method}",
+            note=note,
+            sensitivity=resolve_sensitivity(sensitivity),
+            assumptions=(
+                *_CHECKIN.analysis.assumptions_of(method),
+                *sensitivity_assumptions(sensitivity),
+            ),
+        )
+
+    def get_epsilon(self, delta: float) -> float:
+        """Return ε at ``delta`` of the rounds composed (0 for none, inf with a noiseless round).
+
+        Raises:
+            ValueError: for ``delta`` outside ``(0, 1)``.
+        """
+        return self._spent(delta, self._history()).epsilon
+
+    def get_delta(self, epsilon: float) -> float:
+        """Return the smallest δ (to 1 %) at which the rounds composed are ``(epsilon, δ)``-DP.
+
+        Solved by bisection on ``log δ`` over :meth:`get_epsilon` (about 10 evaluations); the
+        δ returned is one at which ε is at most ``epsilon``, so it is an upper bound (below
+        the smallest δ the analysis takes for these rounds, the smallest δ tried that holds;
+        1 when even δ = 0.5 does not).
+
+        Raises:
+            ValueError: for ``epsilon`` negative or not finite.
+        """
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)):
+            raise ValueError(f"epsilon must be a finite float >= 0. Found {epsilon!r}.")
+        if not (math.isfinite(epsilon) and epsilon >= 0):
+            raise ValueError(f"epsilon must be a finite float >= 0. Found {epsilon!r}.")
+        history = self._history()
+        if self.num_releases == 0:
+            return 0.0
+
+        def holds(delta: float) -> bool:
+            return self._spent(delta, history).epsilon <= epsilon
+
+        # A bracket [lo, hi] with the answer inside, found by factors of 100 from target_delta.
+        lo = hi = self._config.target_delta
+        if holds(hi):
+            while lo > 1e-100:
+                lo = max(lo / 100.0, 1e-100)
+                try:
+                    if not holds(lo):
+                        break
+                except ValueError:  # below the smallest delta the analysis takes
+                    return hi
+                hi = lo
+            else:
+                return hi
+        else:
+            while True:
+                hi = min(hi * 100.0, 0.5)
+                if holds(hi):
+                    break
+                if hi == 0.5:
+                    return 1.0
+                lo = hi
+        while hi / lo > 1.01:
+            mid = math.sqrt(lo * hi)
+            if holds(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    def get_privacy_spent(self, delta: float | None = None) -> PrivacySpent:
+        """Return ε at ``delta`` (default: ``config.target_delta``) with what it rests on."""
+        return self._spent(self._config.target_delta if delta is None else delta, self._history())
+
+    def would_exceed(
+        self, event: ShuffleCheckInEvent, max_epsilon: float | None = None, count: int = 1
+    ) -> bool:
+        """Return whether composing ``count`` rounds of ``event`` would take ε above the budget.
+
+        ε is taken at ``config.target_delta``; nothing is composed.
+
+        Raises:
+            ValueError: without a budget (here or in the configuration), or a bad event.
+        """
+        event = self._check_event(event, count)
+        limit = self._config.max_epsilon if max_epsilon is None else max_epsilon
+        if limit is None:
+            raise ValueError("max_epsilon must be given here or in the configuration. Found None.")
+        limit = check_positive("max_epsilon", limit)
+        after = self._spent(self._config.target_delta, self._history((event, count)))
+        return after.epsilon > limit
+
+    def state_dict(self) -> dict[str, object]:
+        """Return a JSON-serialisable state: the configuration and the rounds composed."""
+        c = self._config
+        return {
+            "schema_version": _SCHEMA,
+            "backend": _BACKEND,
+            "config": {
+                "target_delta": c.target_delta,
+                "population_size": c.population_size,
+                "neighboring_relation": _value(c.neighboring_relation),
+                "sampling_method": _value(c.sampling_method),
+                "max_epsilon": c.max_epsilon,
+                "method": c.method,
+                "sensitivity": c.sensitivity,
+            },
+            "compositions": [
+                {
+                    "event": {
+                        "noise_multiplier": e.noise_multiplier,
+                        "rate": e.rate,
+                        "population_size": e.population_size,
+                    },
+                    "count": n,
+                }
+                for e, n in self._compositions
+            ],
+        }
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Restore :meth:`state_dict`'s output; the configuration must be this one's.
+
+        Nothing changes unless the whole state is valid.
+
+        Raises:
+            ValueError: for another schema, backend or configuration, or a bad composition.
+        """
+        if not isinstance(state, Mapping):
+            raise ValueError(f"state must be a mapping. Found {type(state).__name__}.")
+        if state.get("schema_version") != _SCHEMA or state.get("backend") != _BACKEND:
+            raise ValueError(
+                f"state must come from this accountant (schema {_SCHEMA}, backend {_BACKEND!r})."
+                f" Found schema {state.get('schema_version')!r}, backend "
+                f"{state.get('backend')!r}."
+            )
+        mine = self.state_dict()["config"]
+        if state.get("config") != mine:
+            raise ValueError(
+                f"state['config'] must be this accountant's {mine}. Found {state.get('config')}."
+            )
+        raw = state.get("compositions")
+        if not isinstance(raw, list):
+            raise ValueError(f"state['compositions'] must be a list. Found {type(raw).__name__}.")
+        restored: list[tuple[ShuffleCheckInEvent, int]] = []
+        for i, item in enumerate(raw):
+            try:
+                event = ShuffleCheckInEvent(**item["event"])
+                count = item["count"]
+                self._check_event(event, count)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"state['compositions'][{i}] is not valid: {exc}") from None
+            restored.append((event, count))
+        self._compositions = restored
