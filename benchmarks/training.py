@@ -18,52 +18,65 @@ reduction, plain SGD:
   ``loader.batch_sampler`` and the tensors are indexed directly, so data collation is not
   timed; samples/s counts the round's actual participants.
 
-Every configuration of a B (mode x micro-batch setting) runs in its own worker process (this
-script re-invoking itself with ``--worker``), so that each has its own peak resident set size
-(``ru_maxrss``, reported when it stops), and the workers' rounds run **interleaved round by
-round** by ``benchmarks/timing.py``: round ``r`` of every configuration, in alternating order,
-so that every configuration meets the same load. By default one thread, every worker pinned
-with the parent to one CPU (``--threads 2`` for two threads, unpinned). The load of other
-processes is recorded before, during and after, and the result flagged busy when they used more
-than a tenth of a core. MNIST is loaded by a separate child and handed over as a ``float32``
-``.npy`` file that every worker maps read-only (one copy in memory for all). Every
-configuration warms up 2 rounds and reports the median of the timed rounds (8 at B = 600, 6 at
-B = 6000, ``--rounds`` to change; 2 with ``--quick``, which uses B = 600 and micro-batches of
-500 only). Between its rounds a private worker drops its per-sample gradients (``zero_grad``,
-not timed), so idle workers hold little memory. The workers are set up on every CPU and pinned
-to the measurement's CPU before the first round.
+Micro-batches. Every mode, private or not, is offered the same settings: the whole round and
+the round in chunks of at most ``K`` examples for each ``--micro-batch K`` (default 200 and
+500; ``0`` offers the whole round only). Private rounds use Opacus virtual steps
+(``signal_skip_step`` on every chunk but the last), so a round is still one noisy step over all
+its participants and one accountant step; non-private rounds accumulate the chunks' gradients
+weighted to the batch's mean loss.
 
-A setting a user can apply to their own training is benchmarked as well, ``--micro-batch K
-[K ...]`` (default 200 and 500; ``0`` turns it off): every mode is also run with each round
-processed in chunks of at most ``K`` examples (rows ``mode/mbK``). Private rounds use Opacus
-virtual steps (``signal_skip_step`` on every chunk but the last), so a round is still one noisy
-step over all its participants and one accountant step; non-private rounds accumulate the
-chunks' gradients weighted to the batch's mean loss. Chunking keeps the working set in cache.
+Processes. A process's speed can differ from another's by tens of percent for the same work
+(memory layout, allocator state): non-private rounds in micro-batches of 500 took 0.69 s in a
+process of their own against 0.48 s for micro-batches of 200 in theirs, and 0.47-0.49 s both in
+one process. So every configuration of a B runs in **one** worker process (this script
+re-invoking itself with ``--worker``), interleaved round by round by ``benchmarks/timing.py``
+(round ``r`` of every configuration, in alternating order), and a B is measured in ``--runs``
+fresh worker processes (default 2), the order of the configurations rotated from one run to the
+next. The ratios are given with their spread over every round of every run. By default one
+thread, the worker pinned with the parent to one CPU (``--threads 2`` for two threads,
+unpinned). MNIST is loaded by a separate child and handed over as ``float32`` ``.npy`` files that
+the workers map read-only. Every run warms up 2 rounds and times 8 at B <= 600, 6 above
+(``--rounds``; 2 with ``--quick``, which uses B = 600 and micro-batches of 500 only). Between its
+rounds a private configuration drops its per-sample gradients (``zero_grad``, not timed).
+
+Comparisons (private samples/s over non-private samples/s, paired round by round: the two
+rounds of a pair ran next to each other in the same process):
+
+* **same setting**: each private mode against non-private at each setting;
+* **best against best**: each private mode at its best setting against non-private at its best
+  setting, both chosen (by the median over every run) from the same set of settings.
+
+The goal is at least 80% best against best for ``fast``, the package's mode, named here in
+advance (the best of four private modes against the one non-private mode would favour the
+private side). The ratio is the median of the paired per-round ratios over all runs, shown with
+their interquartile range, their min-max and each run's ratio of medians, with as many digits
+as it takes for the printed number to sit on the same side of the goal as the verdict.
+
+Load. The run is **busy**, and gets no verdict ("busy: no verdict"), when the 1-minute load
+average is above ``LOADAVG_LIMIT`` (0.5) before the benchmark starts or above ``LOADAVG_LIMIT``
+plus the benchmark's own threads after it (the average still holds the benchmark's own
+process for a minute or so), or when ``timing.compare`` flags a run (other processes used more
+than a tenth of a core before, during or after it). Both load averages are printed.
 
 ``--floor`` adds ``floor`` rows (not private): ``fast``'s round with its per-sample norms and
 clipped sums replaced by zeros, so forward pass, backward pass to the layer outputs, noise, step
-and accountant only. ``fast`` minus ``floor`` at the same setting is what the per-sample work
-costs; ``floor`` against the best non-private row bounds what any exact method that
-differentiates to the layer outputs can reach. ``--modes fast`` leaves out Opacus's modes.
-
-The ratio column divides a row's median samples/s by the plain (unchunked) non-private row's at
-the same B. The summary compares the fastest private row with the fastest non-private row,
-whole rounds against whole rounds and each side at its best setting ("best against best"),
-with the range of the ratios of the same rounds; the goal is at least 80% best against best.
+and accountant only, reported in the same-setting table. ``--modes fast`` leaves out Opacus's
+modes.
 
 Usage::
 
-    python benchmarks/training.py                    # full run (B = 600 and 6000)
+    python benchmarks/training.py                    # full run (B = 600 and 6000, 2 runs)
     python benchmarks/training.py --quick            # smoke run
     python benchmarks/training.py --json out.json    # also write the results as JSON
-    python benchmarks/training.py --micro-batch 0    # only the unchunked rounds
+    python benchmarks/training.py --micro-batch 0    # only whole rounds
     python benchmarks/training.py --threads 2        # two threads, not pinned
-    python benchmarks/training.py --batches 6000 --modes fast --floor   # the goal and its floor
+    python benchmarks/training.py --batches 6000 --modes fast --runs 3   # the goal
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -71,19 +84,11 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from timing import (
-    RoundWorker,
-    compare,
-    per_core,
-    pin_pids,
-    serve_rounds,
-    thread_env,
-    write_json,
-)
+from timing import compare, per_core, thread_env, write_json
 
 N_CLIENTS = 60_000
 WARMUP = 2
@@ -92,15 +97,85 @@ NOISE_MULTIPLIER = 5.0
 MAX_GRAD_NORM = 0.01
 LR = 0.1
 GOAL = 0.80
+GOAL_MODE = "fast"
 DEFAULT_MICRO_BATCHES = (200, 500)
+DEFAULT_RUNS = 2
 NON_PRIVATE = "non-private"
 FLOOR = "floor"
+#: A 1-minute load average above this before the benchmark (above it plus the benchmark's own
+#: threads after it) makes the run busy: no verdict.
+LOADAVG_LIMIT = 0.5
 
 
 def timed_rounds(batch: int, quick: bool) -> int:
+    """Timed rounds of one run at batch size ``batch``."""
     if quick:
         return 2
     return 8 if batch <= 600 else 6
+
+
+def beside(value: float, threshold: float, *, scale: float = 100.0, digits: int = 2) -> str:
+    """``value * scale`` with ``digits`` decimals, or more where fewer would cross ``threshold``.
+
+    The printed number is always on the same side of ``threshold`` (compared as ``>=``) as
+    ``value`` itself: 0.7996 against 0.8 prints ``79.96``, 0.79996 prints ``79.996``, never
+    ``80.00`` beside "not met".
+    """
+    for places in range(digits, 17):
+        text = f"{value * scale:.{places}f}"
+        if (float(text) / scale >= threshold) == (value >= threshold):
+            return text
+    return repr(value * scale)
+
+
+def loadavg() -> float | None:
+    """The 1-minute load average, ``None`` where the platform has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def load_verdict(
+    before: float | None, after: float | None, own_threads: int, flagged: Iterable[str] = ()
+) -> list[str]:
+    """Why a run is busy (empty when it is quiet), from the load averages and other flags.
+
+    Args:
+        before: 1-minute load average read before the benchmark started any process.
+        after: The same read after its last process ended; it still holds about
+            ``own_threads`` of the benchmark's own load, which is allowed.
+        own_threads: Threads the benchmark ran (its own share of ``after``).
+        flagged: Reasons found by other means (``timing.compare``'s busy flags).
+    """
+    reasons = []
+    if before is None or after is None:
+        reasons.append("load average unknown")
+    else:
+        if before > LOADAVG_LIMIT:
+            reasons.append(f"load average {before:.2f} before (limit {LOADAVG_LIMIT})")
+        if after > LOADAVG_LIMIT + own_threads:
+            reasons.append(
+                f"load average {after:.2f} after (limit {LOADAVG_LIMIT} + {own_threads} own)"
+            )
+    reasons.extend(flagged)
+    return reasons
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, quartiles (inclusive method) and min-max of ``values``."""
+    if len(values) >= 2:
+        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    else:
+        q1 = q3 = values[0]
+    return {
+        "median": statistics.median(values),
+        "q1": q1,
+        "q3": q3,
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
 
 
 def vm_hwm_mib() -> float | None:
@@ -260,8 +335,29 @@ def build_rounds(
     return run
 
 
+def label(mode: str, micro_batch: int | None) -> str:
+    """The row name of a configuration: ``mode`` or ``mode/mbK``."""
+    return mode if micro_batch is None else f"{mode}/mb{micro_batch}"
+
+
+def configurations(args: argparse.Namespace, run: int) -> list[tuple[str, int | None]]:
+    """Every (mode, micro-batch) of a B, in an order rotated by ``run``.
+
+    Every mode gets the same settings: the whole round (``None``) and each ``--micro-batch``.
+    """
+    micro = (None, *(k for k in args.micro_batch if k))
+    modes = (NON_PRIVATE, *args.modes, *((FLOOR,) if args.floor else ()))
+    configs = [(mode, mb) for mb in micro for mode in modes]
+    shift = run % len(configs)
+    return configs[shift:] + configs[:shift]
+
+
 def worker(args: argparse.Namespace) -> None:
-    """One configuration as a round worker of ``timing.RoundWorker`` (``--worker``)."""
+    """One run of one B (``--worker B RUN``): every configuration in this one process.
+
+    Writes the record of ``timing.compare`` (with refusals and this process's peak RSS) to
+    ``--worker-out``; the table is left to the parent.
+    """
     import torch
     from timing import peak_rss_mib
 
@@ -269,179 +365,126 @@ def worker(args: argparse.Namespace) -> None:
     warnings.filterwarnings("ignore", "Secure RNG turned off")
     warnings.filterwarnings("ignore", "Full backward hook is firing")
     torch.set_num_threads(args.threads)
-    batch, mode, micro = int(args.worker[0]), args.worker[1], int(args.worker[2]) or None
+    batch, run = int(args.worker[0]), int(args.worker[1])
+    rounds = args.rounds or timed_rounds(batch, args.quick)
     x, y = load_data(args.data)
-    try:
-        run = build_rounds(args.model, x, y, batch, args.worker_rounds, mode, micro)
-    except ValueError as err:
-        serve_rounds(lambda r: None, hello={"refused": str(err)}, stdin=iter(()))
-        return
-    serve_rounds(
-        run,
-        final=lambda: {"peak_rss_mib": peak_rss_mib(), "vm_hwm_mib": vm_hwm_mib()},
-        hello={"ready": True},
+    contenders: dict[str, Callable[[int], dict[str, Any]]] = {}
+    refused: dict[str, str] = {}
+    for mode, mb in configurations(args, run):
+        try:
+            contenders[label(mode, mb)] = build_rounds(
+                args.model, x, y, batch, WARMUP + rounds, mode, mb
+            )
+        except ValueError as err:
+            refused[label(mode, mb)] = str(err)
+    result = compare(
+        contenders,
+        rounds=rounds,
+        warmup=WARMUP,
+        baseline=NON_PRIVATE,
+        title=f"B = {batch}, run {run + 1}, {args.model}, {args.threads} thread(s)",
+        probe_s=args.probe,
+        wait_quiet_s=args.wait_quiet,
+        show=False,
+    )
+    result.update(batch=batch, run=run, refused=refused, peak_rss_mib=peak_rss_mib(),
+                  vm_hwm_mib=vm_hwm_mib())  # fmt: skip
+    write_json(args.worker_out, result)
+
+
+def rates(entry: dict[str, Any]) -> list[float]:
+    """Samples/s of each timed round of a configuration (participants / seconds)."""
+    return [e["participants"] / s for e, s in zip(entry["extras"], entry["seconds"], strict=True)]
+
+
+def paired(runs: list[dict[str, Any]], mine: str, theirs: str) -> dict[str, Any]:
+    """Ratios ``mine / theirs`` of samples/s: per round (pooled over runs) and per run."""
+    per_round: list[float] = []
+    per_run: list[float] = []
+    for result in runs:
+        a, b = rates(result["contenders"][mine]), rates(result["contenders"][theirs])
+        per_round += [p / q for p, q in zip(a, b, strict=True)]
+        per_run.append(statistics.median(a) / statistics.median(b))
+    return {"private": mine, "non_private": theirs, "per_round": spread(per_round),
+            "per_run": per_run}  # fmt: skip
+
+
+def pooled_median(runs: list[dict[str, Any]], name: str) -> float:
+    """Median samples/s of a configuration over every timed round of every run."""
+    return statistics.median(r for result in runs for r in rates(result["contenders"][name]))
+
+
+def show_ratio(line: dict[str, Any], goal: float | None = None) -> str:
+    """``median% (IQR q1-q3%, min-max a-b%; runs x%, y%)`` of a :func:`paired` record."""
+    s = line["per_round"]
+    g = GOAL if goal is None else goal
+    runs = ", ".join(f"{beside(v, g)}%" for v in line["per_run"])
+    return (
+        f"{beside(s['median'], g)}% (IQR {s['q1']:.1%}-{s['q3']:.1%}, min-max "
+        f"{s['min']:.1%}-{s['max']:.1%} over {s['n']} rounds; per run {runs})"
     )
 
 
-def label(mode: str, micro_batch: int | None) -> str:
-    return mode if micro_batch is None else f"{mode}/mb{micro_batch}"
-
-
-def rate_stats(entry: dict[str, Any]) -> dict[str, float]:
-    """Samples/s per timed round: median (the lower middle one), min, max."""
-    rates = [e["participants"] / s for e, s in zip(entry["extras"], entry["seconds"], strict=True)]
-    return {
-        "median": statistics.median_low(rates),
-        "min": min(rates),
-        "max": max(rates),
-        "rates": rates,
-    }
-
-
-def measure_batch(
-    args: argparse.Namespace, batch: int, data: Path, cpu: int | None
-) -> dict[str, Any]:
-    """All configurations of one B, interleaved; returns the record with throughputs.
-
-    The workers start on every CPU (their imports and set-up overlap) and are pinned to
-    ``cpu`` once all of them are ready, before the first round.
-    """
-    micro = (None, *(k for k in args.micro_batch if k))
-    modes = (NON_PRIVATE, *args.modes, *((FLOOR,) if args.floor else ()))
-    configs = [(mode, mb) for mb in micro for mode in modes]
-    rounds = args.rounds or timed_rounds(batch, args.quick)
-    total = WARMUP + rounds
-    env = thread_env(args.threads)
-    workers: dict[str, RoundWorker] = {}
-    refused: dict[str, str] = {}
-    try:
-        for mode, mb in configs:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(batch), mode]
-            cmd += [str(mb or 0), "--data", str(data), "--model", args.model]
-            cmd += ["--threads", str(args.threads), "--worker-rounds", str(total)]
-            workers[label(mode, mb)] = RoundWorker(cmd, env=env, hello=True)
-        for name, w in list(workers.items()):
-            hello = w.wait_hello() or {}
-            if "refused" in hello:
-                refused[name] = hello["refused"]
-                w.close()
-                del workers[name]
-        if cpu is not None:
-            per_core(args.threads, cpu=cpu)
-            pin_pids([w.pid for w in workers.values() if w.pid is not None], cpu)
-        result = compare(
-            workers,
-            rounds=rounds,
-            warmup=WARMUP,
-            baseline=NON_PRIVATE,
-            title=(
-                f"one MNIST training round, B = {batch}, {args.model}, {args.threads} thread(s); "
-                "seconds of the step"
-            ),
-            probe_s=args.probe,
-            wait_quiet_s=args.wait_quiet,
-        )
-    finally:
-        finals = {name: w.close() for name, w in workers.items()}
-    result["batch"] = batch
-    result["refused"] = refused
-    for name, entry in result["contenders"].items():
-        entry["samples_per_s"] = rate_stats(entry)
-        entry.update(finals.get(name) or {})
-    return result
-
-
-def print_throughput(result: dict[str, Any]) -> None:
-    table = result["contenders"]
-    base = table[NON_PRIVATE]["samples_per_s"]["median"]
-    print(f"\nB = {result['batch']}: samples/s (participants / seconds of each round)\n")
-    print("| configuration | median samples/s | min | max | ratio to non-private | peak RSS MiB |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, entry in table.items():
-        rate = entry["samples_per_s"]
-        rss = entry.get("peak_rss_mib")
-        shown = f"{rss:.0f}" if rss is not None else "-"
-        print(
-            f"| {name} | {rate['median']:.0f} | {rate['min']:.0f} | {rate['max']:.0f} | "
-            f"{rate['median'] / base:.2f} | {shown} |"
-        )
-    for name, why in result["refused"].items():
-        print(f"| {name} | refused ({why}) | | | | |")
-
-
-def summary(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The fastest private configuration against the fastest non-private one, two ways."""
-    table = result["contenders"]
-    out = []
-
-    def best(names: list[str]) -> str:
-        return max(names, key=lambda n: table[n]["samples_per_s"]["median"])
-
-    private = [n for n in table if not n.startswith((NON_PRIVATE, FLOOR))]
-    public = [n for n in table if n.startswith(NON_PRIVATE)]
-    for title, mine, theirs in (
-        ("whole rounds", [n for n in private if "/mb" not in n], [NON_PRIVATE]),
-        ("best against best (any setting, each side at its best)", private, public),
-    ):
-        if not mine or not theirs:
+def summarise(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """Print the tables of one B (all its runs) and return its comparisons."""
+    batch = runs[0]["batch"]
+    names = [n for n in runs[0]["contenders"] if all(n in r["contenders"] for r in runs)]
+    settings = [None, *(k for k in args.micro_batch if k)]
+    print(f"\n## B = {batch}: {len(runs)} run(s), each every configuration in one process\n")
+    print("| configuration | median samples/s (all rounds of all runs) | min | max |")
+    print("|---|---:|---:|---:|")
+    for name in names:
+        all_rates = [r for result in runs for r in rates(result["contenders"][name])]
+        print(f"| {name} | {statistics.median(all_rates):.0f} | {min(all_rates):.0f} | "
+              f"{max(all_rates):.0f} |")  # fmt: skip
+    peaks = ", ".join(f"{r['peak_rss_mib']:.0f} MiB" for r in runs)
+    print(f"\npeak RSS of each run's worker process (every configuration): {peaks}")
+    for result in runs:
+        for name, why in result["refused"].items():
+            print(f"refused in run {result['run'] + 1}: {name} ({why})")
+    same: list[dict[str, Any]] = []
+    print("\nSame setting (private / non-private samples/s, paired rounds):\n")
+    for mode in (*args.modes, *((FLOOR,) if args.floor else ())):
+        for mb in settings:
+            mine, theirs = label(mode, mb), label(NON_PRIVATE, mb)
+            if mine in names and theirs in names:
+                line = paired(runs, mine, theirs)
+                same.append(line)
+                print(f"- {mine} / {theirs}: {show_ratio(line)}")
+    best: list[dict[str, Any]] = []
+    public = [label(NON_PRIVATE, mb) for mb in settings if label(NON_PRIVATE, mb) in names]
+    theirs = max(public, key=lambda n: pooled_median(runs, n))
+    print(f"\nBest against best (each side's best of the same {len(settings)} settings; "
+          f"non-private's best: {theirs}):\n")  # fmt: skip
+    for mode in args.modes:
+        own = [label(mode, mb) for mb in settings if label(mode, mb) in names]
+        if not own:
             continue
-        a, b = best(mine), best(theirs)
-        ra, rb = table[a]["samples_per_s"], table[b]["samples_per_s"]
-        ratio = ra["median"] / rb["median"]
-        per_round = [p / q for p, q in zip(ra["rates"], rb["rates"], strict=True)]
-        verdict = "met" if ratio >= GOAL else "not met"
-        line = {
-            "comparison": title,
-            "private": a,
-            "non_private": b,
-            "ratio_of_medians": ratio,
-            "per_round": {"median": statistics.median(per_round), "min": min(per_round),
-                          "max": max(per_round)},
-            "goal": GOAL,
-        }  # fmt: skip
-        out.append(line)
-        print(
-            f"B={result['batch']}, {title}: {a} {ra['median']:.0f} samples/s = {ratio:.0%} of "
-            f"{b} ({rb['median']:.0f}); per round {min(per_round):.0%}-{max(per_round):.0%}; "
-            f">= {GOAL:.0%}: {verdict}"
-        )
-    floors = [n for n in table if n.startswith(FLOOR)]
-    if floors and private and public:
-        f, b, a = best(floors), best(public), best(private)
-        mine = a.split("/", 1)[1] if "/" in a else None
-        same = f"{FLOOR}/{mine}" if mine else FLOOR
-        per_sample = None
-        if same in table:
-            per_sample = statistics.median(table[a]["seconds"]) - statistics.median(
-                table[same]["seconds"]
-            )
-        rf, rb = table[f]["samples_per_s"]["median"], table[b]["samples_per_s"]["median"]
-        line = {
-            "comparison": "floor (not private: forward + backward to the layer outputs, step)",
-            "floor": f,
-            "non_private": b,
-            "ratio_of_medians": rf / rb,
-            "per_sample_work_s": per_sample,
-        }
-        out.append(line)
-        shown = (
-            ""
-            if per_sample is None
-            else (
-                f"; the per-sample work of {a} takes {per_sample * 1e3:.0f} ms a round "
-                f"({a} minus {same})"
-            )
-        )
-        print(
-            f"B={result['batch']}, floor without per-sample work (not private): {f} "
-            f"{rf:.0f} samples/s = {rf / rb:.0%} of {b} ({rb:.0f}){shown}"
-        )
-    if result["busy"]:
-        print("BUSY: " + "; ".join(result["busy_reasons"]))
-    return out
+        mine = max(own, key=lambda n: pooled_median(runs, n))
+        line = paired(runs, mine, theirs)
+        line["mode"] = mode
+        best.append(line)
+        print(f"- {mode}: {mine} / {theirs}: {show_ratio(line)}")
+    return {"batch": batch, "same_setting": same, "best_against_best": best}
+
+
+def verdict(summary: dict[str, Any], busy: list[str]) -> str:
+    """The goal's line for one B: met, not met, or ``busy: no verdict``."""
+    line = next((b for b in summary["best_against_best"] if b["mode"] == GOAL_MODE), None)
+    if line is None:
+        return f"B = {summary['batch']}: {GOAL_MODE} not run, no verdict"
+    ratio = line["per_round"]["median"]
+    head = (
+        f"B = {summary['batch']}, {GOAL_MODE} best against best: {beside(ratio, GOAL)}% "
+        f"(median of paired rounds) against the goal of {GOAL:.0%}"
+    )
+    if busy:
+        return f"{head}: busy: no verdict ({'; '.join(busy)})"
+    return f"{head}: {'met' if ratio >= GOAL else 'not met'}"
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Parse the options; run the benchmark, a worker (``--worker``) or the data child."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--quick", action="store_true", help="B = 600, micro-batch 500, 2 timed rounds"
@@ -451,7 +494,7 @@ def main(argv: list[str] | None = None) -> None:
         "--micro-batch",
         type=int,
         nargs="+",
-        help="also run every mode in chunks of these sizes (default 200 500; 0: none)",
+        help="settings offered to every mode besides the whole round (default 200 500; 0: none)",
     )
     parser.add_argument(
         "--model", choices=("cnn", "cnn_small"), default="cnn", help="model (default cnn)"
@@ -473,12 +516,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--batches", type=int, nargs="+", help="values of B (default 600 6000)")
     parser.add_argument("--rounds", type=int, help="timed rounds (default 8 at B <= 600, else 6)")
+    parser.add_argument(
+        "--runs", type=int, default=DEFAULT_RUNS, help="fresh worker processes per B (default 2)"
+    )
     parser.add_argument("--probe", type=float, default=1.0, help="seconds of each load probe")
     parser.add_argument(
         "--wait-quiet", type=float, default=0.0, help="wait up to this long for a quiet machine"
     )
-    parser.add_argument("--worker", nargs=3, metavar=("B", "MODE", "MB"), help=argparse.SUPPRESS)
-    parser.add_argument("--worker-rounds", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=2, metavar=("B", "RUN"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--prepare", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -491,24 +537,58 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         worker(args)
         return
+    if args.runs < 1:
+        parser.error(f"--runs must be >= 1. Found {args.runs}.")
 
-    # The CPU of the measurement; workers start unpinned and are pinned to it once set up.
+    before = loadavg()
+    # The CPU of the measurement: the workers inherit it (and the thread limits).
     cpu = per_core(args.threads, pin=args.threads == 1)
     started = time.perf_counter()
     sizes = args.batches or ((600,) if args.quick else (600, 6000))
-    results = []
+    measured: list[tuple[list[dict[str, Any]], dict[str, Any]]] = []
+    here = str(Path(__file__).resolve())
+    passthrough = ["--model", args.model, "--threads", str(args.threads), "--probe",
+                   str(args.probe), "--wait-quiet", str(args.wait_quiet), "--modes", *args.modes,
+                   "--micro-batch", *map(str, args.micro_batch or [0])]  # fmt: skip
+    passthrough += ["--floor"] if args.floor else []
+    passthrough += ["--quick"] if args.quick else []
+    passthrough += ["--rounds", str(args.rounds)] if args.rounds else []
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp)
-        # A child loads MNIST, so that no worker's peak RSS holds the loader's copies.
-        prepare = [sys.executable, str(Path(__file__).resolve()), "--prepare", str(data)]
+        # A child loads MNIST, so that no worker holds the loader's copies.
+        prepare = [sys.executable, here, "--prepare", str(data)]
         subprocess.run(prepare, check=True, env=thread_env(args.threads))
         for batch in sizes:
-            per_core(args.threads, pin=False)  # the workers' set-up may use every CPU
-            result = measure_batch(args, batch, data, cpu)
-            print_throughput(result)
-            result["summary"] = summary(result)
-            results.append(result)
+            runs = []
+            for run in range(args.runs):
+                out = data / f"run-{batch}-{run}.json"
+                cmd = [sys.executable, here, "--worker", str(batch), str(run), "--data",
+                       str(data), "--worker-out", str(out), *passthrough]  # fmt: skip
+                subprocess.run(cmd, check=True, env=thread_env(args.threads))
+                result = json.loads(out.read_text())
+                flag = "busy" if result["busy"] else "quiet"
+                print(f"B = {batch}, run {run + 1}/{args.runs}: {flag}; others used "
+                      f"{result['load']['during']['others_cores']:.2f} cores during it",
+                      flush=True)  # fmt: skip
+                runs.append(result)
+            measured.append((runs, summarise(runs, args)))
+    after = loadavg()
     elapsed = time.perf_counter() - started
+    flagged = [
+        f"B = {r['batch']} run {r['run'] + 1}: {reason}"
+        for runs, _ in measured
+        for r in runs
+        for reason in r["busy_reasons"]
+    ]
+    busy = load_verdict(before, after, args.threads, flagged)
+    shown = [f"{v:.2f}" if v is not None else "?" for v in (before, after)]
+    print(
+        f"\nload average (1 min): {shown[0]} before, {shown[1]} after; limit {LOADAVG_LIMIT} "
+        f"before, {LOADAVG_LIMIT} + {args.threads} after; pinned CPU {cpu}"
+    )
+    print("busy: no verdict" if busy else "quiet")
+    for _, summary in measured:
+        print(verdict(summary, busy))
     print(f"total benchmark time: {elapsed:.1f} s")
     if args.json is not None:
         payload = {
@@ -517,10 +597,14 @@ def main(argv: list[str] | None = None) -> None:
             "micro_batch": [k for k in args.micro_batch if k],
             "model": args.model,
             "warmup": WARMUP,
+            "runs": args.runs,
             "noise_multiplier": NOISE_MULTIPLIER,
             "max_grad_norm": MAX_GRAD_NORM,
+            "loadavg": {"before": before, "after": after, "limit": LOADAVG_LIMIT},
+            "busy": busy,
             "elapsed_s": elapsed,
-            "results": results,
+            "summaries": [s for _, s in measured],
+            "results": [r for runs, _ in measured for r in runs],
         }
         write_json(args.json, payload)
 
