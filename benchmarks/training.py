@@ -84,6 +84,7 @@ import sys
 import tempfile
 import time
 import warnings
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -271,12 +272,22 @@ def outputs_only(clipper: Any) -> None:
 
 
 def build_rounds(
-    model_name: str, x, y, batch: int, rounds: int, mode: str, micro_batch: int | None
+    model_name: str,
+    x,
+    y,
+    batch: int,
+    rounds: int,
+    mode: str,
+    micro_batch: int | None,
+    seed: int = 0,
 ) -> Callable[[int], dict[str, Any]]:
     """Set up one configuration; return its round: ``run(r) -> {"seconds", "participants"}``.
 
     Only the step is timed (the batch is indexed before). After the step the gradients (and a
-    private optimizer's per-sample gradients) are dropped, untimed.
+    private optimizer's per-sample gradients) are dropped, untimed. Configurations sharing a
+    process take distinct ``seed`` values: engines releasing the same data with the same seed
+    are checked against each other every round (``SharedCoinsWarning``), which is not part of
+    a private round.
     """
     import torch
     from opacus import PrivacyEngine
@@ -310,7 +321,7 @@ def build_rounds(
             max_grad_norm=MAX_GRAD_NORM,
             rate=batch / N_CLIENTS,
             rounds=rounds,
-            seed=0,
+            seed=seed,
             sensitivity="paper",
             grad_sample_mode="fast" if floor else mode,
         )
@@ -371,12 +382,13 @@ def worker(args: argparse.Namespace) -> None:
     contenders: dict[str, Callable[[int], dict[str, Any]]] = {}
     refused: dict[str, str] = {}
     for mode, mb in configurations(args, run):
+        name = label(mode, mb)
         try:
-            contenders[label(mode, mb)] = build_rounds(
-                args.model, x, y, batch, WARMUP + rounds, mode, mb
+            contenders[name] = build_rounds(
+                args.model, x, y, batch, WARMUP + rounds, mode, mb, seed=zlib.crc32(name.encode())
             )
         except ValueError as err:
-            refused[label(mode, mb)] = str(err)
+            refused[name] = str(err)
     result = compare(
         contenders,
         rounds=rounds,
