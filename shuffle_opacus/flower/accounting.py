@@ -35,7 +35,6 @@ __all__ = [
 
 _SCHEMA = 1
 _BACKEND = "shuffle_opacus.checkin"
-_METHODS = (None, "pld", "proven")
 _CHECKIN = get_protocol("checkin")
 
 
@@ -73,8 +72,9 @@ class ShuffleAccountingConfig:
             module's enum member, or its string.
         sampling_method: Only ``poisson`` (check-in: each node's own coin).
         max_epsilon: Budget of :meth:`ShuffleCheckInAccountant.would_exceed`, or ``None``.
-        method: ``None`` or ``"pld"`` (tight, resting on Theorem 1's pair) or ``"proven"``
-            (published theorems only, replace-one whatever ``sensitivity``).
+        method: A method of the check-in analysis: ``None`` (the tightest sound one, ``pld``,
+            resting on Theorem 1's pair), ``"proven"`` (published theorems only, replace-one
+            whatever ``sensitivity``), or another (``account checkin --help`` lists them).
         sensitivity: In units of the clipping norm; ``"replace-one"`` (2) is the guarantee.
     """
 
@@ -104,8 +104,7 @@ class ShuffleAccountingConfig:
             )
         if self.max_epsilon is not None:
             check_positive("max_epsilon", self.max_epsilon)
-        if self.method not in _METHODS:
-            raise ValueError(f"method must be one of None, 'pld', 'proven'. Found {self.method!r}.")
+        _CHECKIN.check_method(self.method)
         resolve_sensitivity(self.sensitivity)
 
 
