@@ -7,7 +7,7 @@ Gaussian only. :class:`ShuffleCheckInAccountant` has the same members and accoun
 :class:`ShuffleCheckInEvent` rounds (locally noised reports of the nodes that checked in, seen
 as an anonymous multiset or as their sum) under replace-one adjacency of one node, by the tight
 method (``pld``, resting on Theorem 1's pair) or the proven one. It needs no flwr module, so it
-works with flwr 1.41; the strategies of :mod:`.checkin_base` keep one.
+works with flwr 1.41 and 1.42; the strategies of :mod:`.checkin_base` keep one.
 """
 
 from __future__ import annotations
