@@ -43,9 +43,18 @@ KOV_ROUND_SECONDS = 4.5e-6
 #: Self-composition of a PLD over k rounds: about ``PLD_COMPOSE_SECONDS * sqrt(k)`` (shuffle
 #: Gaussian, k = 1e6: 21 s; ldp-shuffle, k = 1e6: 9.7 s).
 PLD_COMPOSE_SECONDS = 0.025
-#: The lattice of the shuffle Gaussian PLD: about ``PLD_LATTICE_SECONDS sqrt(n) / min(sigma,
-#: 1)^2`` plus 0.2 s (n = 60000: 0.9 s; n = 1e9: 20 s; check-in n = 1e6, sigma = 0.5: 6.4 s).
+#: The geometric grid of the shuffle Gaussian PLD (at most 64 reports): about
+#: ``PLD_LATTICE_SECONDS sqrt(n) / min(sigma, 1)^2`` plus 0.2 s.
 PLD_LATTICE_SECONDS = 1.2e-3
+#: One point of the largest lattice of the shuffle Gaussian PLD
+#: (:func:`~shuffle_opacus.analysis.pld.shuffle_gaussian.lattice.lattice_points`, which follows
+#: the reports per round and sigma, not n), plus :data:`PLD_PAIR_BASE_SECONDS`. Measured (pair and
+#: its PMF, load about 2): check-in rate 0.01, sigma 5, n = 1e5 (2.9e5 points) 0.68 s; n = 1e9,
+#: rate 0.01 (1.0e6 points) 2.0 s; shuffle n = 1e9 (1.0e7 points) 26.7 s.
+PLD_POINT_SECONDS = 3e-6
+PLD_PAIR_BASE_SECONDS = 0.3
+#: Reports per round up to which the geometric grid may be used (its own cost model).
+_GEOMETRIC_TERMS = 64
 #: Fixed cost of a request (imports are not counted).
 BASE_SECONDS = 0.05
 
@@ -176,35 +185,52 @@ def _clones_values(n: int, p: float) -> float:
     return min(float(n), 2.0 * 8.3 * math.sqrt(max(n - 1, 1) * p * (1.0 - p)) + 1.0)
 
 
-def _shuffle_pld_seconds(n: int, sigma: float) -> float:
-    return 0.2 + PLD_LATTICE_SECONDS * math.sqrt(n) / min(sigma, 1.0) ** 2
+def _shuffle_pld_seconds(n: int, users: int, sigma: float, rate: float | None) -> float:
+    """Estimated seconds of one round's pair and PMF: ``users`` reports out of ``n`` at ``rate``."""
+    if users <= _GEOMETRIC_TERMS:
+        return 0.2 + PLD_LATTICE_SECONDS * math.sqrt(users) / min(sigma, 1.0) ** 2
+    # Imported here: the pld package imports the limits, which import this module.
+    from .pld.shuffle_gaussian.lattice import lattice_points
+
+    points = lattice_points(n=n, terms=users, rate=rate or 1.0, sigma=sigma, tail=1e-13)
+    if not math.isfinite(points):  # the engine refuses such a sigma at once
+        return PLD_PAIR_BASE_SECONDS
+    return PLD_PAIR_BASE_SECONDS + PLD_POINT_SECONDS * points
 
 
 PROVEN_EVALUATIONS = 8.0
 """Compositions a ``proven`` answer takes: the level search (once per doubling of the rounds)."""
 
 
+#: Users beyond which the ``proven`` method's enumerations stop growing: its pairs cap their
+#: expected counts (``CLONES_COUNT``, ``BLANKET_COUNT`` of :mod:`.pld.proven_pairs`). Measured
+#: (check-in rate 0.01 at 1e7, 1e-4 at 1e9, sigma 5, 10,000 rounds, load about 3): n = 1e7 41 s,
+#: n = 1e9 18 s.
+PROVEN_USERS_CAP = 10**7
+
+
 def proven_seconds(users: int, steps: list[int]) -> float:
     """Estimated seconds of the ``proven`` method (the level search, then the answer).
 
     Each evaluation enumerates one pair, whose windows grow like the square root of the
-    reports per round, and composes it.
+    reports per round up to :data:`PROVEN_USERS_CAP` users, and composes it.
     """
-    one = 0.05 + 2e-4 * math.sqrt(users) + _pld_compose_seconds(steps)
+    one = 0.05 + 2e-4 * math.sqrt(min(users, PROVEN_USERS_CAP)) + _pld_compose_seconds(steps)
     return BASE_SECONDS + PROVEN_EVALUATIONS * one
 
 
-def shuffle_pld_seconds(settings: list[tuple[int, float]], steps: int) -> float:
+def shuffle_pld_seconds(settings: list[tuple[int, int, float, float | None]], steps: int) -> float:
     """Estimated seconds of the shuffle Gaussian's ``pld`` for distinct round settings.
 
     Args:
-        settings: ``(reports per round, sigma)`` of each distinct setting.
+        settings: ``(n, reports per round, sigma, check-in rate or None)`` of each distinct
+            setting (the reports per round are ``n``, or ``m`` for the subsampled shuffle).
         steps: Rounds composed in all.
 
     Returns:
         The estimate (one pair per setting, then the composition).
     """
-    pairs = sum(_shuffle_pld_seconds(users, sigma) for users, sigma in settings)
+    pairs = sum(_shuffle_pld_seconds(n, users, sigma, rate) for n, users, sigma, rate in settings)
     return BASE_SECONDS + pairs + _pld_compose_seconds([steps])
 
 
@@ -282,7 +308,13 @@ def account_seconds(
     if fallback is None:
         return rdp(method or "rdp")
     users = int(m) if m is not None else n  # type: ignore[call-overload]
-    pld = total + _shuffle_pld_seconds(users, float(sigma)) + _pld_compose_seconds(steps)  # type: ignore[arg-type]
+    pair = _shuffle_pld_seconds(
+        n,
+        users,
+        float(sigma),  # type: ignore[arg-type]
+        float(rate) if rate is not None else None,  # type: ignore[arg-type]
+    )
+    pld = total + pair + _pld_compose_seconds(steps)
     if method == "pld":
         return pld
     if method == "proven":
@@ -328,7 +360,9 @@ def calibrate_seconds(
     evaluations = 16.0
     if method == "pld":
         users = m if m is not None else n
-        one = _shuffle_pld_seconds(users, 0.5) + _pld_compose_seconds([rounds])
+        # The bisection's evaluations are about as costly at analysis sigma 1 (noise multiplier
+        # 2) as on average; the smallest sigmas it visits fall back to the Rényi bound at once.
+        one = _shuffle_pld_seconds(n, users, 1.0, rate) + _pld_compose_seconds([rounds])
         return BASE_SECONDS + evaluations * one
     if method == "proven":
         return evaluations * proven_seconds(m if m is not None else n, [rounds])

@@ -40,8 +40,14 @@ def _pld_affordable(mech: Mechanism, parts: Sequence[tuple[RoundSetting, int]]) 
     low = min(s.sigma for s, _ in parts)
     if low < 0.05:
         return f"the pld method needs sigma >= 0.05 (got {low:g})"
-    distinct = {(s.m if s.m is not None else int(s.n or 1), s.sigma) for s, _ in parts}
-    estimate = shuffle_pld_seconds(sorted(distinct), sum(k for _, k in parts))
+    distinct = {
+        (int(s.n or 1), s.m if s.m is not None else int(s.n or 1), s.sigma, s.rate)
+        for s, _ in parts
+    }
+    estimate = shuffle_pld_seconds(
+        sorted(distinct, key=lambda row: tuple(-1.0 if v is None else v for v in row)),
+        sum(k for _, k in parts),
+    )
     remaining = remaining_budget()
     limit = API_MAX_SECONDS if remaining is None else remaining
     if estimate > limit:

@@ -10,6 +10,11 @@ naming the parameter and its largest acceptable value (:func:`largest_within`).
 :func:`charge` draws on while the work runs, so that each stage of the automatic growth of the
 Rényi order range is charged before it is computed. Independently of any budget, Rényi orders
 are capped at :data:`MAX_ORDER` everywhere (:func:`~shuffle_opacus._validation.check_orders`).
+Memory has its own limit (:data:`MAX_MEMORY_BYTES`, changed by :func:`memory_limit`): the large
+allocations of the privacy loss distributions (a lattice's convolution, a composition's FFT)
+estimate their bytes first and call :func:`check_memory`, which raises a
+:class:`MemoryLimitError` (a :class:`PldRangeError`: the default method falls back to the Rényi
+bound with a note) instead of letting the process be killed.
 
 The limits, the cost model and its measurements: docs/maths.md, "Work limits".
 """
@@ -49,6 +54,11 @@ __all__ = [
     "report_progress",
     "remaining_budget",
     "shuffle_pld_seconds",
+    "MAX_MEMORY_BYTES",
+    "MemoryLimitError",
+    "memory_limit",
+    "memory_budget",
+    "check_memory",
 ]
 
 MAX_ORDER = 1 << 15
@@ -74,6 +84,70 @@ class PldRangeError(ValueError):
     Raised for an analysis sigma below the method's floor, or one so small that the lattice or
     the loss grid would exceed its size limit; a Rényi-DP method still bounds such a setting.
     """
+
+
+class MemoryLimitError(PldRangeError):
+    """A plan whose estimated memory exceeds the limit (:func:`memory_limit`), before allocating.
+
+    A :class:`PldRangeError`, so the default method of the shuffle mechanisms falls back to the
+    Rényi bound with a one-line note; a method asked for by name raises it as a one-line
+    ``ValueError`` naming the parameter to lower.
+    """
+
+
+MAX_MEMORY_BYTES = 4 << 30
+"""Default limit on the estimated memory of one large allocation plan (4 GiB)."""
+
+_MEMORY: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "shuffle_opacus_memory_limit", default=MAX_MEMORY_BYTES
+)
+
+
+@contextlib.contextmanager
+def memory_limit(nbytes: int) -> Iterator[None]:
+    """Limit the estimated memory of each allocation plan run inside the block.
+
+    Args:
+        nbytes: Bytes allowed (integer >= 1).
+
+    Raises:
+        ValueError: if ``nbytes`` is not an integer >= 1.
+    """
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+        raise ValueError(f"nbytes must be an integer >= 1. Found {nbytes!r}.")
+    token = _MEMORY.set(nbytes)
+    try:
+        yield
+    finally:
+        _MEMORY.reset(token)
+
+
+def memory_budget() -> int:
+    """Return the bytes one allocation plan may use (:data:`MAX_MEMORY_BYTES` by default)."""
+    return _MEMORY.get()
+
+
+def _bytes(value: float) -> str:
+    return f"{value / 2**30:.3g} GiB" if value >= 2**28 else f"{value / 2**20:.3g} MiB"
+
+
+def check_memory(nbytes: float, what: str, parameter: str) -> None:
+    """Refuse, before allocating, a plan whose estimated memory exceeds :func:`memory_budget`.
+
+    Args:
+        nbytes: Estimated peak bytes of the plan.
+        what: What would be allocated (for the message), e.g. ``"the composition of 100 rounds"``.
+        parameter: The parameter whose lowering shrinks the plan (named in the message).
+
+    Raises:
+        MemoryLimitError: one line naming ``parameter``, the estimate and the limit.
+    """
+    limit = memory_budget()
+    if nbytes > limit:
+        raise MemoryLimitError(
+            f"{what} needs about {_bytes(nbytes)}, over the {_bytes(limit)} memory limit; "
+            f"lower {parameter}."
+        )
 
 
 def largest_within(cost: Callable[[int], float], low: int, high: int, budget: float) -> int | None:

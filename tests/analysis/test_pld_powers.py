@@ -17,7 +17,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from shuffle_opacus.analysis import compute_epsilon, rounds_epsilon
 from shuffle_opacus.analysis.approximate.analytic_gaussian import gaussian_dp_epsilon
-from shuffle_opacus.analysis.limits import work_budget
+from shuffle_opacus.analysis.limits import MemoryLimitError, memory_limit, work_budget
 from shuffle_opacus.analysis.mechanisms import get_mechanism
 from shuffle_opacus.analysis.pld.powers import PmfPowers, compose_powers, epsilon_for_delta
 from shuffle_opacus.analysis.pld.rounds import ShuffleRound, shuffle_rounds_epsilon
@@ -121,3 +121,37 @@ def test_the_default_falls_back_when_the_work_budget_is_short():
     with work_budget(0.5):
         res = rounds_epsilon("checkin", [(setting, 10)], delta=1e-5)
     assert res.method == "exact" and res.note is not None and "estimated" in res.note
+
+
+def test_a_fine_grid_gets_a_window_from_its_loss_scale():
+    # Loss sd 1e-4 per round on a grid of 1e-6: after 100 rounds the composition's sd is 1e-3,
+    # so a window of +-8.3 sd holds all but 1e-15. The orders fixed per unit of loss (up to
+    # 400) stopped near +-0.09 of loss, a window of 1.8e5 points, ten times too wide (the cost
+    # that grew like sqrt(n) in issue 42).
+    pmf = _gaussian_pmf(1e4, discretization=1e-6)
+    composed = compose_powers([(PmfPowers(pmf), 100)])
+    assert composed._probs.size < 2.5e4
+    reference = pmf.self_compose(100).get_epsilon_for_delta(1e-6)
+    assert epsilon_for_delta(composed, 1e-6) == pytest.approx(reference, rel=1e-6)
+
+
+def test_a_plan_over_the_memory_limit_falls_back_with_a_note():
+    setting = get_mechanism("checkin").setting(sigma=2.0, n=1000, rate=0.1)
+    with memory_limit(1 << 20):
+        result = rounds_epsilon("checkin", [(setting, 10)], delta=1e-5)
+    assert result.method == "exact"
+    assert "over the 1 MiB memory limit; lower the reports per round" in result.note
+    assert result.note.endswith("Rényi bound (method exact) instead")
+
+
+def test_a_named_pld_over_the_memory_limit_is_refused_in_one_line():
+    setting = get_mechanism("checkin").setting(sigma=2.0, n=1000, rate=0.1)
+    with memory_limit(1 << 20), pytest.raises(MemoryLimitError, match=r"lower .*\.$") as info:
+        rounds_epsilon("checkin", [(setting, 10)], delta=1e-5, method="pld")
+    assert "\n" not in str(info.value)
+
+
+def test_a_composition_over_the_memory_limit_is_refused_before_its_fft():
+    powers = PmfPowers(_gaussian_pmf(3.0))
+    with memory_limit(1 << 16), pytest.raises(MemoryLimitError, match="lower steps"):
+        compose_powers([(powers, 1000)])

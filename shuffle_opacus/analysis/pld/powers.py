@@ -25,6 +25,7 @@ from scipy import fft
 from scipy.special import logsumexp
 
 from ..._validation import check_delta, check_int
+from ..limits import check_memory
 
 __all__ = ["PmfPowers", "compose_powers", "epsilon_for_delta", "DEFAULT_TRUNCATION"]
 
@@ -66,6 +67,11 @@ def _chernoff_orders(discretization: float) -> np.ndarray:
 
 #: Spectra kept per PMF (one per FFT length).
 _SPECTRA_KEPT = 2
+
+#: Peak bytes of a composition per point of its FFT: the spectra (kept and powered, complex,
+#: half the length), the inverse transform and its rolled copy. Measured 68 at 2^23 points
+#: (check-in n = 1e5, rate 0.01, 10,000 rounds, the optimistic side: 0.72 GB); rounded up.
+COMPOSE_BYTES_PER_POINT = 80
 
 
 def _dense(pmf: pld_pmf.PLDPmf) -> pld_pmf.DensePLDPmf:
@@ -187,6 +193,8 @@ def compose_powers(
 
     Raises:
         ValueError: on an empty ``parts``, a count below 1, or PMFs on different grids.
+        MemoryLimitError: when the composition's FFT would exceed the memory limit
+            (:func:`~shuffle_opacus.analysis.limits.memory_limit`), before it is allocated.
     """
     if not parts:
         raise ValueError("parts must hold at least one (pmf, count) pair. Found none.")
@@ -201,6 +209,12 @@ def compose_powers(
     low, high = _window(parts, truncation)
     width = high - low + 1
     length = _fft_length(max(width, max(p.size for p, _ in parts)))
+    rounds = sum(k for _, k in parts)
+    check_memory(
+        COMPOSE_BYTES_PER_POINT * length,
+        f"the composition of {rounds} rounds (an FFT of {length} points)",
+        "steps",
+    )
     spectrum: np.ndarray | None = None
     for p, k in parts:
         term = _power(p.spectrum(length), k)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from dp_accounting.pld import pld_pmf
 
+from ..limits import MemoryLimitError
 from .powers import PmfPowers, compose_powers, epsilon_for_delta
 from .shuffle_gaussian import pld_discretization, pld_tail, shuffle_gaussian_pair, symmetric_pmf
 
@@ -57,7 +58,8 @@ class PldEstimate:
     Attributes:
         epsilon: The pessimistic estimate (an upper bound on the pair's epsilon).
         epsilon_lower: The optimistic estimate of the same pair (see the module docstring), or
-            ``None`` when it was not asked for.
+            ``None`` when it was not asked for (or did not fit in the memory limit, even on the
+            pessimistic estimate's grid).
         discretization: The loss grid step shared by the rounds.
         tail: The mass each round leaves out (added to delta in the pessimistic estimate).
         details: What else the method reports (the ``proven`` method: its route, level and how
@@ -108,6 +110,30 @@ def _lower(setting: ShuffleRound, discretization: float, tail: float) -> tuple[P
     return PmfPowers(remove), PmfPowers(add)
 
 
+def _lower_epsilon(
+    merged: Mapping[ShuffleRound, int], fine: float, coarsest: float, tail: float, delta: float
+) -> float | None:
+    """Return the optimistic epsilon on grid ``fine``, coarsened while over the memory limit.
+
+    A coarser grid rounds each loss further down, so the estimate stays below the pair's
+    epsilon, only looser. ``None`` when even the grid of the pessimistic estimate does not fit.
+    """
+    while True:
+        try:
+            sides = [_lower(s, fine, tail) for s in merged]
+            low = 0.0
+            for side in range(2):
+                pmf = compose_powers(
+                    [(pair[side], k) for pair, k in zip(sides, merged.values(), strict=True)]
+                )
+                low = max(low, epsilon_for_delta(pmf, delta))
+            return low
+        except MemoryLimitError:
+            if fine >= coarsest:
+                return None
+            fine *= 2.0
+
+
 def shuffle_rounds_epsilon(
     rounds: Sequence[tuple[ShuffleRound, int]], *, delta: float, lower: bool = False
 ) -> PldEstimate:
@@ -121,14 +147,18 @@ def shuffle_rounds_epsilon(
     Args:
         rounds: ``(setting, count)`` pairs with counts >= 1 (validated settings).
         delta: Target delta in ``(0, 1)``.
-        lower: Also compute the optimistic estimate (three compositions instead of one).
+        lower: Also compute the optimistic estimate (three compositions instead of one); its
+            grid is coarsened (a looser estimate from below) while its composition would
+            exceed the memory limit (:func:`~shuffle_opacus.analysis.limits.memory_limit`).
 
     Returns:
         A :class:`PldEstimate`.
 
     Raises:
         ValueError: on an empty ``rounds``, or a setting the pair's engines cannot evaluate
-            (see :func:`~.shuffle_gaussian.shuffle_gaussian_pair`).
+            (see :func:`~.shuffle_gaussian.shuffle_gaussian_pair`), including a
+            :class:`~shuffle_opacus.analysis.limits.MemoryLimitError` when the pair or the
+            pessimistic composition would exceed the memory limit.
     """
     merged: dict[ShuffleRound, int] = {}  # rounds with one setting compose as one block
     for setting, count in rounds:
@@ -150,11 +180,5 @@ def shuffle_rounds_epsilon(
             wanted = LOWER_SHIFT * epsilon / sum(merged.values())
             while fine > wanted and fine > discretization / LOWER_REFINE:
                 fine /= 2.0
-        sides = [_lower(s, fine, tail) for s in merged]
-        low = 0.0
-        for side in range(2):
-            pmf = compose_powers(
-                [(pair[side], k) for pair, k in zip(sides, merged.values(), strict=True)]
-            )
-            low = max(low, epsilon_for_delta(pmf, delta))
+        low = _lower_epsilon(merged, fine, discretization, tail, delta)
     return PldEstimate(epsilon=epsilon, epsilon_lower=low, discretization=discretization, tail=tail)
