@@ -27,7 +27,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from . import render
 from ._validation import (
@@ -128,9 +128,27 @@ def _choices(values: Sequence[str]) -> str:
     return ", ".join(values)
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the provenance lines (version, commit, libraries), then exit 0."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from .provenance import provenance, provenance_lines
+
+        print("\n".join(provenance_lines(provenance())))
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser of the ``shuffle-opacus`` command."""
     parser = _Parser(prog=PROG, description="Shuffle-model differential privacy accounting.")
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print the version, the commit and the libraries' versions, then exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_account(sub)
     _add_calibrate(sub)

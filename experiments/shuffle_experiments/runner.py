@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shuffle_opacus.provenance import provenance, provenance_lines
+
 from .checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
 from .config import ConfigError, ExperimentConfig, load_config, validate
 from .console import auto_threads, machine_load, usable_cores
@@ -92,6 +94,9 @@ class RunResult:
             and method, its optimistic estimate, the neighbouring relation, the sensitivity
             convention, the assumptions and how the seed was chosen.
         labels: The label of each curve of ``epsilon`` (:func:`~.curves.curve_label`).
+        provenance: Where the run came from (:func:`shuffle_opacus.provenance.provenance`):
+            the package's version, commit and dirtiness, the libraries' versions, the config's
+            hash and the seed with whether it was given.
     """
 
     run_dir: Path
@@ -105,6 +110,7 @@ class RunResult:
     plots: list[Path] = field(default_factory=list)
     guarantee: dict[str, Any] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     @property
     def seconds_per_round(self) -> float:
@@ -132,6 +138,14 @@ class RunInterrupted(KeyboardInterrupt):
         self.result = result
 
 
+def _provenance(config: ExperimentConfig, run_dir: Path) -> dict[str, Any]:
+    """Return the run's provenance record (config hashed as saved in the run directory)."""
+    saved = run_dir / CONFIG_FILE
+    text = saved.read_bytes() if saved.is_file() else None
+    given = "seed" in config.model_fields_set
+    return provenance(config_text=text, seed=config.seed, seed_given=given)
+
+
 def _header(session: Session, run_dir: Path, start: int) -> list[str]:
     """Return the lines printed before training: where the run is and what it will claim."""
     config = session.config
@@ -142,6 +156,7 @@ def _header(session: Session, run_dir: Path, start: int) -> list[str]:
     lines = [
         f"run directory   {run_dir}",
         f"config          {config.name} ({run_dir / CONFIG_FILE})",
+        *(f"provenance      {line}" for line in provenance_lines(_provenance(config, run_dir))),
         f"device          {session.device}, {t.threads} threads ({cores} usable cores{load_text})",
     ]
     free = max(1, cores - round(load)) if load is not None else cores
@@ -339,6 +354,7 @@ def _train(
 
         _check_accountant(session, done)  # before the summary and the plots are written
         result.guarantee = guarantee_record(config, session.curves, done)
+        result.provenance = _provenance(config, run_dir)
         result.plots = plot_run(run_dir)
         write_file(run_dir / SUMMARY_FILE, json.dumps(result.to_dict(), indent=2) + "\n")
     return result

@@ -18,8 +18,10 @@ from shuffle_experiments.cli import main
 from shuffle_experiments.config import load_config, validate
 from shuffle_experiments.curves import SPARSE_CURVES, EpsilonCurves
 
+import shuffle_opacus
 from shuffle_opacus import history_epsilon
 from shuffle_opacus.analysis import OrderCapWarning
+from shuffle_opacus.provenance import LIBRARIES, config_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
@@ -114,6 +116,12 @@ def test_smoke_config_end_to_end(tmp_path, capsys):
     assert guarantee["neighbouring"] == "replace-one user"
     assert any("Theorem 1's pair" in a for a in guarantee["assumptions"])
     assert "reproducible simulation" in guarantee["seed"]
+    # Where the run came from: versions, commit, the saved config's hash, the seed.
+    prov = summary["provenance"]
+    assert prov["shuffle_opacus"] == shuffle_opacus.__version__
+    assert set(prov["versions"]) == set(LIBRARIES) and prov["versions"]["torch"]
+    assert prov["config_hash"] == config_hash((run_dir / "config.yaml").read_bytes())
+    assert prov["seed"] == cfg.seed and isinstance(prov["seed_given"], bool)
     # The plotted data are the evaluation rows.
     with (run_dir / "accuracy_vs_epsilon.csv").open(newline="") as fh:
         plotted = list(csv.DictReader(fh))
@@ -124,6 +132,8 @@ def test_smoke_config_end_to_end(tmp_path, capsys):
     assert "guarantee       replace-one user, unit of privacy: one client" in out
     assert "assumes         Theorem 1's pair" in out
     assert "seed            0 (given): a reproducible simulation" in out
+    assert f"provenance      shuffle-opacus {shuffle_opacus.__version__} (" in out
+    assert f"provenance      config {prov['config_hash']}" in out
     assert str(run_dir / "accuracy_vs_epsilon.png") in out
 
 
