@@ -257,6 +257,7 @@ def test_mnist_app_evaluates_the_last_round(tmp_path, monkeypatch, budget):
     summary = json.loads((tmp_path / "run-5" / "summary.json").read_text())
     assert summary["rounds"] == last
     assert summary["epsilon_proven"] == proven
+    assert summary["provenance"]["versions"]["flwr"] and summary["provenance"]["config_hash"]
     assert summary["final_test_accuracy"] == float(rows[last]["test-accuracy"])
     assert (summary["stop_reason"] is not None) == budget
 

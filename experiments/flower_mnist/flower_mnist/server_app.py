@@ -34,6 +34,7 @@ from shuffle_opacus.flower import (
     ShuffleCheckInFedAvg,
     ShufflePrivacyConfig,
 )
+from shuffle_opacus.provenance import provenance
 
 from .task import evaluate, initial_model, load_weights, setting, test_data
 
@@ -141,6 +142,7 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_fn=after_round,
     )
     rounds = max(result.train_metrics_clientapp, default=0)
+    seed = setting(rc, "checkin-seed", int) if setting(rc, "mode", str) != SECAGG else -1
     final = result.evaluate_metrics_serverapp.get(rounds)
     summary = {
         "run_id": context.run_id,
@@ -152,6 +154,12 @@ def main(grid: Grid, context: Context) -> None:
         "stop_reason": strategy.stop_reason,
         "final_test_accuracy": None if final is None else final.get("test-accuracy"),
         "seconds": time.monotonic() - started,
+        # Versions, commit, the run config's hash; the server's check-in seed (secagg: none).
+        "provenance": provenance(
+            config_text=json.dumps(rc, sort_keys=True),
+            seed=seed if seed >= 0 else None,
+            seed_given=seed >= 0,
+        ),
     }
     log(20, "summary: %s", summary)
     if run_dir is not None:
