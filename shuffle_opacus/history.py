@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._validation import check_int, check_target_delta
+from ._validation import MIN_DELTA, check_int, check_target_delta
 from .analysis.epsilon import rounds_epsilon
 from .analysis.rdp.conversion import EpsilonResult
 from .protocols import HistoryEntry, Protocol, analysis_sigma, get_protocol, resolve_sensitivity
 
-__all__ = ["history_epsilon"]
+__all__ = ["MIN_DELTA", "history_epsilon"]
 
 
 def history_epsilon(

@@ -44,7 +44,7 @@ from .loading import (
 )
 from .noise import NOISE_MODES, LocalNoiseDPOptimizer
 from .options import PrivacyOptions
-from .plan_checks import check_release_plan
+from .plan_checks import check_release_plan, optimizer_lr
 from .protocols import Protocol, resolve_sensitivity
 from .release_registry import REGISTRY, caller, data_identity
 from .sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler, ShuffleRoundSampler
@@ -228,6 +228,7 @@ def _make_private(
         sample_rate=sampler.sample_rate,
         sensitivity=plan.sensitivity,
         dtype=params[0].dtype if params else torch.get_default_dtype(),
+        lr=optimizer_lr(optimizer),
     )
     binding = REGISTRY.new_binding(
         plan.accountant,

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, TensorDataset, default_collate
 from .._validation import check_int, check_positive
 from ..noise import NOISE_MODES
 from ..partition import ClientPartition, as_partition
-from ..plan_checks import check_release_plan
+from ..plan_checks import check_release_plan, optimizer_lr
 from ..privacy import (
     PrivacyOptions,
     _check_noise_generator,
@@ -358,6 +358,7 @@ def make_private_clients(
         dtype=next(p for p in module.parameters() if p.requires_grad).dtype,
         norm_name="max_update_norm",
         client_lr=training.client_lr,
+        lr=optimizer_lr(optimizer),
     )
     _dry_run(module, inputs, targets, clients, loss_fn)
     binding = REGISTRY.new_binding(
