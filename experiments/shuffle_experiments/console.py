@@ -8,6 +8,7 @@ the machine's load.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -60,6 +61,16 @@ def auto_threads() -> int:
     return max(1, min(cores, cores - busy))
 
 
+def _duration(seconds: float) -> str:
+    """Return ``seconds`` as ``1h02m``, ``3m05s`` or ``12s``."""
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
 class Progress:
     """Plain progress lines for a log file (the tqdm calls the runner makes, nothing more)."""
 
@@ -79,13 +90,24 @@ class Progress:
         self.postfix: dict[str, str] = {}
 
     def update(self, count: int) -> None:
-        """Count ``count`` more rounds; print a line when one is due."""
+        """Count ``count`` more rounds; print a line when one is due.
+
+        A line is due after the session's first round (so a log shows progress within seconds
+        of the header), every ``total / 20`` rounds, at the last round, and at least once a
+        minute. It gives the rounds done, the speed in rounds per second and the time left.
+        """
+        before = self.n
         self.n += count
         now = time.monotonic()
-        if self.n % self.step == 0 or self.n == self.total or now - self.last >= _LINE_SECONDS:
-            rate = (now - self.started) / max(1, self.n - self.first)
+        due = before == self.first or self.n // self.step > before // self.step
+        if due or self.n == self.total or now - self.last >= _LINE_SECONDS:
+            per_round = (now - self.started) / max(1, self.n - self.first)
+            speed = 1.0 / per_round if per_round > 0 else math.inf
+            left = _duration(per_round * (self.total - self.n))
             extra = " ".join(f"{k}={v}" for k, v in self.postfix.items())
-            self.echo(f"round {self.n}/{self.total}  {rate:.3f} s/round  {extra}".rstrip())
+            self.echo(
+                f"round {self.n}/{self.total}  {speed:.3g} rounds/s  {left} left  {extra}".rstrip()
+            )
             self.last = now
 
     def set_postfix(self, values: dict[str, str], refresh: bool = False) -> None:

@@ -51,6 +51,7 @@ from .metrics_file import (
     _metrics_rows,
     metrics_row,
 )
+from .preflight import check_plan
 from .rundir import (
     _make_dir,
     _point_latest_at,
@@ -156,8 +157,8 @@ def _header(session: Session, run_dir: Path, start: int) -> list[str]:
     lines = [
         f"run directory   {run_dir}",
         f"config          {config.name} ({run_dir / CONFIG_FILE})",
-        *(f"provenance      {line}" for line in provenance_lines(_provenance(config, run_dir))),
         f"device          {session.device}, {t.threads} threads ({cores} usable cores{load_text})",
+        *(f"provenance      {line}" for line in provenance_lines(_provenance(config, run_dir))),
     ]
     free = max(1, cores - round(load)) if load is not None else cores
     if session.device.type == "cpu" and t.threads > free:
@@ -198,21 +199,24 @@ def _train(
     progress: bool,
     stop_after: int | None,
     echo: Callable[[str], None],
+    session: Session | None = None,
 ) -> RunResult:
     start = int(state["round"]) if state is not None else 0
-    session = open_session(config, run_dir, start)
-    if state is not None:
-        try:
-            session.load(state)
-        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ConfigError(
-                f"checkpoint {run_dir / CHECKPOINT_FILE} does not fit this run: {first}"
-            ) from None
-        _check_history(session, start, f"checkpoint {run_dir / CHECKPOINT_FILE}")
+    if session is None:  # a new run opens (and checks) its session before its directory
+        session = open_session(config, run_dir, start)
+        if state is not None:
+            try:
+                session.load(state)
+            except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
+                text = str(exc).strip()
+                first = text.splitlines()[0] if text else type(exc).__name__
+                raise ConfigError(
+                    f"checkpoint {run_dir / CHECKPOINT_FILE} does not fit this run: {first}"
+                ) from None
+            _check_history(session, start, f"checkpoint {run_dir / CHECKPOINT_FILE}")
+        _check_curves(session)
     seconds = float(state["seconds"]) if state is not None else 0.0
     participants_total = int(state["participants"]) if state is not None else 0
-    _check_curves(session)
     columns = _metric_columns(config)
     metrics_path = run_dir / METRICS_FILE
     # Every check has passed once the rows are read and their epsilons checked; only then is
@@ -383,24 +387,35 @@ def run(
         A :class:`RunResult`; plots and ``summary.json`` are written once all rounds are done.
 
     Raises:
-        ConfigError: if ``run_dir`` is not empty or is in use, or a directory cannot be created
-            (``output_dir`` a file, say).
+        ConfigError: if a value of the plan is refused (:func:`~.preflight.check_plan`, the
+            library's checks, a curve that cannot be evaluated), ``run_dir`` is not empty or
+            is in use, or a directory cannot be created (``output_dir`` a file, say); all but
+            the last two before anything is created.
         RunFileError: if a file of the run cannot be written (a full disk).
-        shuffle_experiments.data.MnistNotFoundError: if MNIST cannot be found.
+        shuffle_experiments.data.MnistNotFoundError: if MNIST cannot be found (before anything
+            is created).
     """
     config = validate(config.model_dump(mode="json"))
-    resolve_device(config.training.device)  # before anything is created
+    check_plan(config)  # before anything is created, as the device, the data and the curves
+    resolve_device(config.training.device)
     if config.training.threads == "auto":
         training = config.training.model_copy(update={"threads": auto_threads()})
         config = config.model_copy(update={"training": training})
     own_dir = run_dir is None
-    if run_dir is None:
-        run_dir = new_run_dir(config)
-    else:
+    if run_dir is not None:
         run_dir = Path(run_dir)
         if run_dir.exists() and not run_dir.is_dir():
             raise ConfigError(f"run directory {run_dir} exists and is not a directory")
+        if run_dir.is_dir() and any(run_dir.iterdir()):
+            raise ConfigError(f"run directory {run_dir} is not empty; use --resume to continue it")
+    # The data, the model, the engine (the library's checks of the plan) and the curves.
+    session = open_session(config, run_dir or Path(config.output_dir) / config.name, 0)
+    _check_curves(session)
+    if run_dir is None:
+        run_dir = new_run_dir(config)
+    else:
         _make_dir(run_dir, "run directory")
+    session.run_dir = run_dir
     with _run_lock(run_dir):
         if not own_dir and any(run_dir.iterdir()):
             raise ConfigError(f"run directory {run_dir} is not empty; use --resume to continue it")
@@ -408,7 +423,13 @@ def run(
         if own_dir:
             _point_latest_at(run_dir)
         return _train(
-            config, run_dir, state=None, progress=progress, stop_after=stop_after, echo=echo
+            config,
+            run_dir,
+            state=None,
+            progress=progress,
+            stop_after=stop_after,
+            echo=echo,
+            session=session,
         )
 
 

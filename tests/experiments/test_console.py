@@ -100,3 +100,20 @@ def test_an_unavailable_device_is_refused_before_the_run_directory_exists(tmp_pa
     with pytest.raises(ConfigError, match="training.device cuda is not available here"):
         runner.run(cfg, progress=False, echo=lambda _: None)
     assert not (tmp_path / "smoke").exists()
+
+
+def test_a_log_gets_its_first_progress_line_after_the_first_round(monkeypatch):
+    """Without a terminal the first line comes after round 1 (not after total/20 rounds), with
+    the speed and the time left; then every total/20 rounds."""
+    clock = iter(t / 10.0 for t in range(0, 10_000))
+    monkeypatch.setattr(console.time, "monotonic", lambda: next(clock))
+    lines: list[str] = []
+    bar = console.Progress(1400, 0, lines.append)  # started at t = 0
+    bar.update(1)  # t = 0.1 s: ten rounds a second
+    assert lines == ["round 1/1400  10 rounds/s  2m20s left"]
+    for _ in range(68):
+        bar.update(1)
+    assert len(lines) == 1
+    bar.update(1)
+    assert lines[-1] == "round 70/1400  10 rounds/s  2m13s left"
+    assert console._duration(3725) == "1h02m" and console._duration(9) == "9s"
