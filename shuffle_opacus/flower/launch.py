@@ -46,13 +46,24 @@ class RoundPrinter:
         self.write = write
         self.total = total
         self.rounds_printed = 0
+        self.guarantee_printed = False
 
     def __call__(self, line: str) -> None:
-        """Read one log line; print it if it is a round line."""
+        """Read one log line; print it if it is a round line.
+
+        After the run's last round (the configured last one, or one that stopped the run) the
+        guarantee block follows (:func:`guarantee_lines`), once.
+        """
         record = read_round_line(line)
         if record is not None:
             self.write(self.format(record))
             self.rounds_printed += 1
+            total = self.total or record.get("num_rounds")
+            last = record.get("stop_reason") or (total and record.get("round") == total)
+            if last and record.get("guarantees") and not self.guarantee_printed:
+                for text in guarantee_lines(record["guarantees"]):
+                    self.write(text)
+                self.guarantee_printed = True
 
     def format(self, record: Mapping[str, Any]) -> str:
         """Return the console line of one round's record.
@@ -83,6 +94,34 @@ class RoundPrinter:
         if record.get("stop_reason"):
             text += f"; {record['stop_reason']}"
         return text
+
+
+def guarantee_lines(guarantees: Mapping[str, Any]) -> list[str]:
+    """Return the lines that say what each ε of a Flower run is and rests on.
+
+    Args:
+        guarantees: The ``guarantees`` of a round line
+            (:meth:`~shuffle_opacus.flower.checkin_base.CheckInBase.guarantees`).
+
+    Returns:
+        For the tight ε and then the proven one: a ``guarantee`` line (neighbouring relation,
+        unit of privacy, method, sensitivity in units of C, δ), its ``note`` if any, and one
+        ``assumes:`` line per assumption.
+    """
+    lines: list[str] = []
+    for key, label in (("epsilon", "epsilon"), (EPSILON_PROVEN_KEY, "proven epsilon")):
+        g = guarantees.get(key)
+        if not isinstance(g, Mapping):
+            continue
+        lines.append(
+            f"guarantee: {label} is replace-one of one node (unit of privacy: one node), method "
+            f"{g.get('method')}, sensitivity {_number(g.get('sensitivity'), 'g')} C, delta "
+            f"{_number(g.get('delta'), 'g')}"
+        )
+        if g.get("note"):
+            lines.append(f"  note: {g['note']}")
+        lines.extend(f"  assumes: {a}" for a in g.get("assumptions") or ())
+    return lines
 
 
 def _number(value: Any, spec: str) -> str:

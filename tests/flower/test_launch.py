@@ -258,6 +258,10 @@ def test_mnist_app_evaluates_the_last_round(tmp_path, monkeypatch, budget):
     assert summary["rounds"] == last
     assert summary["epsilon_proven"] == proven
     assert summary["provenance"]["versions"]["flwr"] and summary["provenance"]["config_hash"]
+    # What each epsilon rests on, as the experiment's summary says it.
+    tight, proven_g = summary["guarantees"]["epsilon"], summary["guarantees"]["epsilon-proven"]
+    assert any("Theorem 1's pair" in a for a in tight["assumptions"])
+    assert proven_g["method"] == "proven" and proven_g["sensitivity"] == 2.0
     assert summary["final_test_accuracy"] == float(rows[last]["test-accuracy"])
     assert (summary["stop_reason"] is not None) == budget
 

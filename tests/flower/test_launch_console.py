@@ -90,3 +90,30 @@ def test_out_dir_needs_an_app_with_out_dir(tmp_path, capsys):
               "--work-dir", str(tmp_path / "w")])  # fmt: skip
     assert "--out-dir or -c out-dir=..., not both" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+def test_the_last_round_is_followed_by_what_each_epsilon_rests_on():
+    """Once, after the last round's line: the guarantee, note and assumptions of both ε."""
+    guarantees = {
+        "epsilon": {"method": "pld", "sensitivity": 2.0, "delta": 1e-5, "note": None,
+                    "assumptions": ["Theorem 1's pair is the worst case", "secret coins"]},
+        "epsilon-proven": {"method": "proven", "sensitivity": 2.0, "delta": 1e-5,
+                           "note": "route blanket", "assumptions": ["published theorems"]},
+    }  # fmt: skip
+    record = {"round": 3, "num_rounds": 3, "mode": "trusted-server", "guarantees": guarantees,
+              "metrics": {"delta": 1e-5, "epsilon": 7.2, "epsilon-proven": 19.5}}  # fmt: skip
+    early = {**record, "round": 2}
+    lines: list[str] = []
+    printer = RoundPrinter(lines.append)
+    for r in (early, record, record):
+        printer("INFO :      " + round_line(r))
+    assert lines[1:6] == [
+        "round 3/3: ? reports, epsilon 7.2 (delta 1e-05), proven epsilon 19.5",
+        "guarantee: epsilon is replace-one of one node (unit of privacy: one node), method pld, "
+        "sensitivity 2 C, delta 1e-05",
+        "  assumes: Theorem 1's pair is the worst case",
+        "  assumes: secret coins",
+        "guarantee: proven epsilon is replace-one of one node (unit of privacy: one node), "
+        "method proven, sensitivity 2 C, delta 1e-05",
+    ]
+    assert lines[6:] == ["  note: route blanket", "  assumes: published theorems", lines[1]]

@@ -34,6 +34,7 @@ from shuffle_opacus.flower import (
     ShuffleCheckInFedAvg,
     ShufflePrivacyConfig,
 )
+from shuffle_opacus.flower.launch import guarantee_lines
 from shuffle_opacus.provenance import provenance
 
 from .task import evaluate, initial_model, load_weights, setting, test_data
@@ -161,6 +162,9 @@ def main(grid: Grid, context: Context) -> None:
             seed_given=seed >= 0,
         ),
     }
+    summary["guarantees"] = strategy.guarantees()
+    for line in guarantee_lines(summary["guarantees"]):
+        log(20, line)
     log(20, "summary: %s", summary)
     if run_dir is not None:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
