@@ -73,7 +73,7 @@ REQUESTS = [
     Request("CLONES_C_SECONDS", "clones", {"n": 100000, "eps0": 4.0}, quick=True),
     Request("CLONES_GAUSSIAN_C_SECONDS", "clones-gaussian", {"n": 100000, "sigma": 1.0}),
     Request("KOV_ROUND_SECONDS", "clones", {"n": 100000, "eps0": 4.0}, steps=[100000]),
-    Request("PLD_LATTICE_SECONDS", "shuffle", {"n": 60000, "sigma": 1.0}, method="pld"),
+    Request("PLD_POINT_SECONDS", "shuffle", {"n": 60000, "sigma": 1.0}, method="pld"),
     Request(
         "PLD_COMPOSE_SECONDS", "shuffle", {"n": 60000, "sigma": 5.0}, method="pld", steps=[100000]
     ),
