@@ -7,9 +7,11 @@ layout 2: ``checksum``, the SHA-256 of every other entry in a canonical encoding
 (:func:`checksum`; content, not torch's serialisation, so it does not change with the torch
 version), which :func:`load_checkpoint` verifies because torch's reader does not check the
 bytes of the tensors; and ``epsilon_sha256``, the digest of the round and epsilon columns of
-``metrics.csv``, so that a resume recognises an intact file. A layout 2 checkpoint is still
-read, with a one-line warning that it was not verified (its epsilon columns are then recomputed
-in full). :func:`comparable` gives the part of a config a checkpoint must match.
+``metrics.csv``, so that a resume recognises an intact file. A layout 2 checkpoint cannot be
+verified: it is refused unless the caller allows it explicitly (``allow_unsigned=True``; the
+command's ``--allow-unsigned-checkpoint``), and then read with a one-line warning (its epsilon
+columns are recomputed in full). :func:`comparable` gives the part of a config a checkpoint
+must match.
 
 The entries and the checks on resume: experiments/README.md (Checkpoints, "Check, then write").
 """
@@ -38,7 +40,7 @@ __all__ = [
 
 #: Version of the checkpoint layout written by this version.
 CHECKPOINT_FORMAT = 3
-#: The previous layout: read without verification (it has no checksum).
+#: The previous layout: it has no checksum, so it is read only when explicitly allowed.
 _UNSIGNED_FORMAT = 2
 #: Config fields that may differ between a checkpoint and the run's config.yaml: where the run
 #: executes, not what it computes.
@@ -142,26 +144,33 @@ def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
 
 
 def load_checkpoint(
-    path: Path, config: ExperimentConfig, *, echo: Callable[[str], None] = print
+    path: Path,
+    config: ExperimentConfig,
+    *,
+    echo: Callable[[str], None] = print,
+    allow_unsigned: bool = False,
 ) -> dict[str, Any]:
     """Read a checkpoint safely, verify its checksum and check that it belongs to ``config``.
 
     The file is read with ``torch.load(weights_only=True)`` (no code can run), its checksum
-    verified (layout 2 has none: loaded with a warning, see the module docstring), its layout,
-    its round and its copy of the config (all fields but the placement fields
+    verified (layout 2 has none: refused unless ``allow_unsigned``, then loaded with a warning),
+    its layout, its round and its copy of the config (all fields but the placement fields
     :data:`PLACEMENT_FIELDS`) checked against ``config``, the run's ``config.yaml``.
 
     Args:
         path: The ``checkpoint.pt`` file.
         config: The run's config.
         echo: Where the warning about a checkpoint without checksum goes.
+        allow_unsigned: Read a layout 2 checkpoint (no checksum: an edited weight, round or
+            accountant state would go unnoticed) instead of refusing it.
 
     Returns:
         The checkpoint's entries.
 
     Raises:
         ConfigError: one line naming the file, for a file that is truncated, corrupted (fails
-            its checksum), holds other objects, has another layout or belongs to another config.
+            its checksum), unsigned (layout 2) without ``allow_unsigned``, holds other objects,
+            has another layout or belongs to another config.
     """
     try:
         with warnings.catch_warnings():  # e.g. a foreign pickle protocol, refused just below
@@ -187,7 +196,7 @@ def load_checkpoint(
             f"checkpoint {path} has layout {layout!r}, this version reads layout "
             f"{CHECKPOINT_FORMAT} (and {_UNSIGNED_FORMAT}); start the run again"
         )
-    _verify(state, path, echo)
+    _verify(state, path, echo, allow_unsigned)
     keys = {**_KEYS, **(_SIGNED_KEYS if layout == CHECKPOINT_FORMAT else {})}
     for key, kind in keys.items():
         if key not in state or not isinstance(state[key], kind):
@@ -204,14 +213,23 @@ def load_checkpoint(
     return state
 
 
-def _verify(state: dict[str, Any], path: Path, echo: Callable[[str], None]) -> None:
+def _verify(
+    state: dict[str, Any], path: Path, echo: Callable[[str], None], allow_unsigned: bool
+) -> None:
     """Check the checksum of a checkpoint's entries (see :func:`load_checkpoint`).
 
     Raises:
-        ConfigError: one line naming the file, if the checksum is missing (layout 3) or wrong.
+        ConfigError: one line naming the file, if the checksum is missing (layout 3, or layout
+            2 without ``allow_unsigned``) or wrong.
     """
     stored = state.get("checksum")
     if stored is None and state["format"] == _UNSIGNED_FORMAT:
+        if allow_unsigned is not True:
+            raise ConfigError(
+                f"checkpoint {path} has no checksum (layout {_UNSIGNED_FORMAT}, written by an "
+                f"earlier version), so an edit to it cannot be detected; refusing to resume "
+                f"from it unless you pass --allow-unsigned-checkpoint (allow_unsigned=True)"
+            )
         echo(
             f"checkpoint {path} has no checksum (layout {_UNSIGNED_FORMAT}, written by an "
             f"earlier version): loaded without verifying it; the next checkpoint carries one"

@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    unsigned_help = (
+        "with --resume: accept a checkpoint without checksum (layout 2, written by an earlier "
+        "version); it cannot be verified, so an edited weight or accountant state would go "
+        "unnoticed. Refused without this flag"
+    )
+    train.add_argument("--allow-unsigned-checkpoint", action="store_true", help=unsigned_help)
     plot = sub.add_parser(
         "plot",
         help="redraw a run's accuracy-vs-epsilon and epsilon-vs-rounds plots",
@@ -74,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     plot.add_argument("run_dir", metavar="RUN_DIR", help="a run directory of train")
+    plot.add_argument(
+        "--allow-unsigned-checkpoint",
+        action="store_true",
+        help=unsigned_help.replace("with --resume: ", "a finished run: "),
+    )
     sweep = sub.add_parser(
         "sweep",
         help="run short training trials over a grid of config overrides",
@@ -107,12 +118,18 @@ def _train(args: argparse.Namespace) -> int:
         raise CliError("give exactly one of --config FILE (a new run) or --resume RUN_DIR")
     if args.resume is not None and args.overrides:
         raise CliError("--set cannot change a run being resumed; it keeps its config.yaml")
+    if args.resume is None and args.allow_unsigned_checkpoint:
+        raise CliError("--allow-unsigned-checkpoint applies to --resume RUN_DIR only")
     from .config import load_config
     from .runner import RunInterrupted, resume, run, summary_table
 
     try:
         if args.resume is not None:
-            result = resume(args.resume, progress=not args.no_progress)
+            result = resume(
+                args.resume,
+                progress=not args.no_progress,
+                allow_unsigned_checkpoint=args.allow_unsigned_checkpoint,
+            )
         else:
             config = load_config(args.config, args.overrides)
             result = run(config, progress=not args.no_progress)
@@ -128,7 +145,7 @@ def _train(args: argparse.Namespace) -> int:
 def _plot(args: argparse.Namespace) -> int:
     from .runner import redraw
 
-    for path in redraw(args.run_dir):
+    for path in redraw(args.run_dir, allow_unsigned_checkpoint=args.allow_unsigned_checkpoint):
         print(path)
     return 0
 

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from shuffle_opacus import PROTOCOLS, get_protocol
+from shuffle_opacus.history import MIN_DELTA
 from shuffle_opacus.protocols import resolve_sensitivity
 
 __all__ = [
@@ -43,10 +44,32 @@ MAX_ROUNDS = 10**8
 MAX_CLIENTS = 10**8
 MAX_THREADS = 1024
 MAX_SEED = 2**63 - 1
+#: Deepest nesting of a YAML document or a ``--set`` key (a config nests two levels); deeper
+#: documents are refused before PyYAML's recursive composer runs out of stack.
+MAX_YAML_DEPTH = 32
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a mapping that repeats a key (YAML would keep the last)."""
+    """YAML's safe loader, refusing repeated keys and documents nested too deep.
+
+    A mapping that repeats a key (YAML would keep the last) and a document nested deeper than
+    :data:`MAX_YAML_DEPTH` are refused with a :class:`ConfigError`.
+    """
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        """Compose one node, counting the nesting (PyYAML recurses once per level)."""
+        if self._depth >= MAX_YAML_DEPTH:
+            line = self.peek_event().start_mark.line + 1
+            raise ConfigError(
+                f"nests deeper than the {MAX_YAML_DEPTH} levels allowed (line {line})"
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -173,6 +196,16 @@ class PrivacyConfig(_Section):
     )
     noise_mode: Literal["sum", "per_client"] = "sum"
 
+    @field_validator("delta")
+    @classmethod
+    def _delta_floor(cls, value: float) -> float:
+        if value < MIN_DELTA:
+            raise ValueError(
+                f"must be in [{MIN_DELTA:g}, 1) (a smaller delta underflows the accounting's "
+                f"arithmetic)"
+            )
+        return value
+
     @field_validator("sensitivity")
     @classmethod
     def _positive(cls, value: float | str) -> float | str:
@@ -271,6 +304,17 @@ class ExperimentConfig(_Section):
     optimizer: OptimizerConfig
     training: TrainingConfig
     clients: ClientsConfig | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _one_directory(cls, value: str) -> str:
+        # The run directory is output_dir/name/<timestamp>: a name with a separator, '..' or an
+        # absolute path would put it (and ``latest``) outside output_dir.
+        if value in (".", "..") or any(c in value for c in "/\\\0"):
+            raise ValueError(
+                "must be one directory name inside output_dir (no '/', '\\', '.' or '..')"
+            )
+        return value
 
     def check_consistency(self) -> None:
         """Cross-field checks that a per-field schema cannot express.
@@ -476,6 +520,10 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
         if not sep or not key.strip():
             raise ConfigError(f"--set expects key=value, got {item!r}")
         path = key.strip().split(".")
+        if len(path) > MAX_YAML_DEPTH:
+            raise ConfigError(
+                f"--set expects a key of at most {MAX_YAML_DEPTH} levels, got {len(path)}"
+            )
         node: Any = out
         for part in path[:-1]:
             if part not in node or node[part] is None:
@@ -483,7 +531,8 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
             node = node[part]
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {key}: {part} is not a section, got {item!r}")
-        node[path[-1]] = _parse_yaml(text, f"--set {key.strip()}: the value {text!r}")
+        shown = text if len(text) <= 60 else f"{text[:57]}..."
+        node[path[-1]] = _parse_yaml(text, f"--set {key.strip()}: the value {shown!r}")
     return out
 
 

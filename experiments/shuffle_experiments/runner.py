@@ -62,12 +62,14 @@ from .rundir import (
 )
 from .session import Session, evaluate, open_session, resolve_device
 from .signals import StopRequest
+from .summary import summary_table
 
 __all__ = [
     "RunFileError",
     "RunResult",
     "run",
     "resume",
+    "summary_table",
     "redraw",
     "new_run_dir",
     "load_checkpoint",
@@ -439,6 +441,7 @@ def resume(
     progress: bool = True,
     stop_after: int | None = None,
     echo: Callable[[str], None] = print,
+    allow_unsigned_checkpoint: bool = False,
 ) -> RunResult:
     """Continue an interrupted run from its last checkpoint, or finish a finished one.
 
@@ -452,6 +455,8 @@ def resume(
         progress: Show a progress bar.
         stop_after: As in :func:`run`.
         echo: Where messages go.
+        allow_unsigned_checkpoint: Resume from a checkpoint without checksum (layout 2,
+            written by an earlier version), which cannot be verified; refused otherwise.
 
     Returns:
         A :class:`RunResult`.
@@ -462,10 +467,22 @@ def resume(
             not fit together (one line, before anything is written).
         RunFileError: if a file of the run cannot be written (one line naming it).
     """
-    return _resume(Path(run_dir), "--resume", progress=progress, stop_after=stop_after, echo=echo)
+    return _resume(
+        Path(run_dir),
+        "--resume",
+        progress=progress,
+        stop_after=stop_after,
+        echo=echo,
+        allow_unsigned=allow_unsigned_checkpoint,
+    )
 
 
-def redraw(run_dir: str | Path, *, echo: Callable[[str], None] = print) -> list[Path]:
+def redraw(
+    run_dir: str | Path,
+    *,
+    echo: Callable[[str], None] = print,
+    allow_unsigned_checkpoint: bool = False,
+) -> list[Path]:
     """Write a run's plots again and, for a finished run, its ``summary.json``; no training.
 
     A finished run (its checkpoint at the last round) is reopened as :func:`resume` does: the
@@ -477,6 +494,8 @@ def redraw(run_dir: str | Path, *, echo: Callable[[str], None] = print) -> list[
     Args:
         run_dir: A run directory written by :func:`run`.
         echo: Where messages go.
+        allow_unsigned_checkpoint: As in :func:`resume` (a finished run's checkpoint without
+            checksum is refused otherwise; an unfinished run's plots need no checkpoint).
 
     Returns:
         The files written.
@@ -490,9 +509,17 @@ def redraw(run_dir: str | Path, *, echo: Callable[[str], None] = print) -> list[
     config_path, checkpoint = run_dir / CONFIG_FILE, run_dir / CHECKPOINT_FILE
     if config_path.is_file() and checkpoint.is_file():
         config = load_config(config_path)
-        state = load_checkpoint(checkpoint, config, echo=lambda _: None)  # said again below
+        # Only its round here (said and checked again below, an unsigned one refused there).
+        state = load_checkpoint(checkpoint, config, echo=lambda _: None, allow_unsigned=True)
         if int(state["round"]) >= config.training.rounds:
-            result = _resume(run_dir, "plot", progress=False, stop_after=None, echo=echo)
+            result = _resume(
+                run_dir,
+                "plot",
+                progress=False,
+                stop_after=None,
+                echo=echo,
+                allow_unsigned=allow_unsigned_checkpoint,
+            )
             return [*result.plots, run_dir / SUMMARY_FILE]
     from .plots import plot_run
 
@@ -506,6 +533,7 @@ def _resume(
     progress: bool,
     stop_after: int | None,
     echo: Callable[[str], None],
+    allow_unsigned: bool = False,
 ) -> RunResult:
     """:func:`resume`, with errors that begin with ``what`` (the command that asked)."""
     if not run_dir.is_dir():
@@ -521,7 +549,7 @@ def _resume(
                 f"{what} {run_dir}: no {CHECKPOINT_FILE} yet (the run stopped before its first "
                 "checkpoint); start it again"
             )
-        state = load_checkpoint(ckpt, config, echo=echo)
+        state = load_checkpoint(ckpt, config, echo=echo, allow_unsigned=allow_unsigned)
         _remove_stale_temporaries(run_dir)
         done, rounds = int(state["round"]), config.training.rounds
         if done >= rounds:
@@ -535,55 +563,3 @@ def _resume(
         return _train(
             config, run_dir, state=state, progress=progress, stop_after=stop_after, echo=echo
         )
-
-
-def summary_table(result: RunResult) -> str:
-    """Return the end-of-run summary as aligned text."""
-    lines = [
-        f"run directory   {result.run_dir}",
-        f"rounds          {result.rounds_done} of {result.rounds} "
-        f"(mean {result.mean_participants:,.1f} reports per round)",
-        f"training time   {result.seconds:,.1f} s ({result.seconds_per_round:.3f} s per round)",
-    ]
-    if result.test_accuracy is not None:
-        lines.append(f"test accuracy   {result.test_accuracy:.2%}")
-    g = result.guarantee
-    if g:
-        lower = g.get("epsilon_lower")
-        bracket = f"; optimistic estimate {lower:.6g}" if lower is not None else ""
-        lines.append(
-            f"epsilon         {g['epsilon']:.6g} at delta={g['delta']:g} ({g['method']}{bracket})"
-        )
-        if g.get("proven"):
-            lines.append(f"proven          {_proven_text(g['proven'], g['delta'])}")
-        lines.append(f"guarantee       {g['neighbouring']}, unit of privacy: {g['unit']}")
-        lines.append(f"sensitivity     {g['sensitivity']}")
-        lines.extend(f"assumes         {a}" for a in g["assumptions"])
-        lines.append(f"seed            {g['seed']}")
-        if g.get("note"):
-            lines.append(f"note            {g['note']}")
-        if g.get("convention"):
-            c = g["convention"]
-            lines.append(f"convention      epsilon {c['epsilon']:.6g} with {c['sensitivity']}")
-    lines.append("")
-    labels = {name: result.labels.get(name, name) for name in result.epsilon}
-    width = max(len(label) for label in labels.values())
-    lines.append(f"{'accountant'.ljust(width)}  epsilon at delta={result.delta:g}")
-    for name, eps in result.epsilon.items():
-        lines.append(f"{labels[name].ljust(width)}  {eps:.6g}")
-    if g and g.get("rests_on"):
-        lines.append(f"rests on        {g['rests_on']}")
-    if result.plots:
-        lines.append("")
-        lines.extend(f"plot            {p}" for p in result.plots if p.suffix == ".png")
-    return "\n".join(lines)
-
-
-def _proven_text(proven: dict[str, Any], delta: float) -> str:
-    """Return the summary's proven line after its key: epsilon, route and delta's split."""
-    split = ""
-    if proven.get("delta_pld") is not None:
-        split = f"; delta {proven['delta_pld']:.3g} to the PLD"
-        if proven.get("delta_coupling"):
-            split += f", {proven['delta_coupling']:.3g} to the stand-ins"
-    return f"{proven['epsilon']:.6g} at delta={delta:g} (proven: {proven['route_text']}{split})"

@@ -432,19 +432,55 @@ def test_a_flipped_byte_in_a_weight_is_refused_in_one_line(stopped, capsys):
     assert err.count("\n") == 1 and f"checkpoint {path} fails its checksum" in err
 
 
-def test_a_checkpoint_without_checksum_loads_with_a_warning_and_its_epsilons_are_checked(
-    stopped, reference
-):
-    # What the previous version wrote: layout 2, no checksum, no digest of the epsilon columns.
-    path = stopped / "checkpoint.pt"
+def _unsigned(path: Path, weight: float | None = None) -> None:
+    """Rewrite a checkpoint as the previous version wrote it: layout 2, no checksum, no digest
+    of the epsilon columns; with ``weight``, one weight of the model set to it."""
     state = torch.load(path, weights_only=True)
     for key in ("checksum", "epsilon_sha256"):
         state.pop(key)
     state["format"] = 2
+    if weight is not None:
+        next(iter(state["model"].values())).view(-1)[0] = weight
     torch.save(state, path)
+
+
+def test_a_checkpoint_without_checksum_is_refused_without_the_explicit_flag(stopped, capsys):
+    # Before: a weight set to 7 in an unsigned checkpoint resumed with only a warning.
+    path = stopped / "checkpoint.pt"
+    _unsigned(path, weight=7.0)
+    before = _snapshot(stopped)
+    message = resume_error(stopped)
+    assert message.startswith(f"checkpoint {path} has no checksum (layout 2"), message
+    assert message.endswith("unless you pass --allow-unsigned-checkpoint (allow_unsigned=True)")
+    assert main(["train", "--resume", str(stopped), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--allow-unsigned-checkpoint" in err
+    assert _snapshot(stopped) == before
+    assert main(["train", "--config", "x.yaml", "--allow-unsigned-checkpoint"]) == 2
+    assert "applies to --resume RUN_DIR only" in capsys.readouterr().err
+
+
+def test_plot_of_a_finished_run_with_an_unsigned_checkpoint_needs_the_flag(
+    reference, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    _unsigned(run_dir / "checkpoint.pt")
+    assert main(["plot", str(run_dir)]) == 2
+    assert "--allow-unsigned-checkpoint" in capsys.readouterr().err
+    assert main(["plot", str(run_dir), "--allow-unsigned-checkpoint"]) == 0
+
+
+def test_a_checkpoint_without_checksum_loads_with_the_flag_and_its_epsilons_are_checked(
+    stopped, reference
+):
+    path = stopped / "checkpoint.pt"
+    _unsigned(path)
     _set_eps(stopped, "eps_exact", {1: _halve})
     said: list[str] = []
-    runner.resume(stopped, progress=False, echo=said.append, stop_after=8)  # a checkpoint at 8
+    runner.resume(
+        stopped, progress=False, echo=said.append, stop_after=8, allow_unsigned_checkpoint=True
+    )  # a checkpoint at 8
     assert any(f"checkpoint {path} has no checksum" in s for s in said), said
     assert any("eps_exact of rounds 1 " in s for s in said), said
     assert rows(stopped) == rows(reference)[:8]

@@ -1,0 +1,69 @@
+"""Checks of a validated config's numbers before anything of a run is created.
+
+The schema (:mod:`.config`) checks each value on its own; the library checks the training plan
+again before round 0 (:func:`shuffle_opacus.plan_checks.check_release_plan`), but only once the
+data, the model and the engine exist, which is after the run directory. :func:`check_plan`
+runs the library's checks of the plan's values first, from the config alone and with the
+config's own keys in the messages: a learning rate, clipping norm or local learning rate whose
+arithmetic overflows the parameters' dtype, a noise std ``noise_multiplier * clipping_norm *
+sqrt(n)`` that does, and a noise multiplier whose epsilon cannot be computed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shuffle_opacus import get_protocol
+from shuffle_opacus.plan_checks import check_plan_values
+
+from .config import ConfigError, ExperimentConfig
+
+__all__ = ["CONFIG_NAMES", "MNIST_TRAIN_IMAGES", "check_plan"]
+
+#: Images in MNIST's training set: the population when ``data.train_subset`` is not given.
+MNIST_TRAIN_IMAGES = 60_000
+
+#: How the messages of :func:`check_plan` name the plan's values: by their config keys.
+CONFIG_NAMES = {
+    "noise_multiplier": "privacy.noise_multiplier",
+    "max_norm": "privacy.clipping_norm",
+    "lr": "optimizer.lr",
+    "client_lr": "clients.client_lr",
+}
+
+
+def check_plan(config: ExperimentConfig) -> None:
+    """Refuse a config whose training plan the library would refuse, before any file exists.
+
+    The population is ``clients.count`` at user level, else ``data.train_subset`` (all
+    60,000 training images by default); the parameters' dtype is torch's default, in which the
+    models are built.
+
+    Args:
+        config: A validated config.
+
+    Raises:
+        ConfigError: one line naming the config key and its allowed range.
+    """
+    p = config.protocol
+    examples = config.data.train_subset or MNIST_TRAIN_IMAGES
+    population = examples if config.clients is None else config.clients.count
+    record = get_protocol(p.kind)
+    try:
+        check_plan_values(
+            noise_multiplier=config.privacy.noise_multiplier,
+            max_norm=config.privacy.clipping_norm,
+            population=population,
+            sample_rate=record.sample_rate(
+                population=population, rate=p.rate, sample_size=p.sample_size
+            ),
+            sensitivity=config.privacy.sensitivity,
+            rounds=config.training.rounds,
+            protocol=record,
+            dtype=torch.get_default_dtype(),
+            lr=config.optimizer.lr,
+            client_lr=config.clients.client_lr if config.clients is not None else None,
+            names=CONFIG_NAMES,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
