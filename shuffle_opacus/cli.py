@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -70,7 +71,39 @@ class CliError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise CliError(message)
+        raise CliError(message + _suggestion(self, message))
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string of ``parser`` and of its subcommands."""
+    found: list[str] = []
+    for action in parser._actions:
+        found.extend(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found.extend(_option_strings(sub))
+    return found
+
+
+def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    """Return ``" (did you mean ...?)"`` for a mistyped flag or choice, else ``""``."""
+    if message.startswith("unrecognized arguments:"):
+        known = sorted(set(_option_strings(parser)))
+        words = message.split(":", 1)[1].split()
+        hints = []
+        for word in words:
+            flag = word.split("=", 1)[0]
+            if flag.startswith("-"):
+                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+                if close:
+                    hints.append(f"{close[0]} for {flag}")
+        return f" (did you mean {', '.join(hints)}?)" if hints else ""
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        options = [c.strip(" '") for c in choice.group(2).split(",")]
+        close = difflib.get_close_matches(choice.group(1), options, n=1, cutoff=0.6)
+        return f" (did you mean {close[0]!r}?)" if close else ""
+    return ""
 
 
 def _typed(name: str, convert: Callable[[str, str], T]) -> Callable[[str], T]:
@@ -229,10 +262,13 @@ def _add_account(sub: argparse._SubParsersAction) -> None:
     acc.add_argument("--delta", type=_delta_arg(), default=1e-5, help="target delta (1e-5)")
     acc.add_argument(
         "--steps",
+        "--rounds",
+        dest="steps",
         type=_int_arg("--steps"),
         nargs="+",
         default=[1],
-        help="number of rounds; several values give one row each (default 1)",
+        help="number of rounds (--rounds is the same flag, as in calibrate); several values "
+        "give one row each (default 1)",
     )
     acc.add_argument(
         "--max-order",
@@ -261,7 +297,14 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     cal.add_argument("--n", type=_int_arg("--n"), required=True, help="number of clients")
     cal.add_argument("--rate", type=_float_arg("--rate", check_probability), help="check-in rate")
     cal.add_argument("--m", type=_int_arg("--m"), help="clients per round (subsampled)")
-    cal.add_argument("--rounds", type=_int_arg("--rounds"), required=True, help="rounds >= 1")
+    cal.add_argument(
+        "--rounds",
+        "--steps",
+        dest="rounds",
+        type=_int_arg("--rounds"),
+        required=True,
+        help="rounds >= 1 (--steps is the same flag, as in account)",
+    )
     cal.add_argument(
         "--epsilon",
         type=_float_arg("--epsilon", check_positive),

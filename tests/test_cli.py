@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from shuffle_opacus.analysis import compute_epsilon
-from shuffle_opacus.cli import main
+from shuffle_opacus.cli import build_parser, main
 
 
 def run(capsys, *args):
@@ -504,3 +504,31 @@ def test_calibrate_guarantee_and_method_must_agree(capsys):
     )
     assert code != 0 and "--guarantee proven and --method exact disagree" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["account", "checkin", "--n", "9", "--noise-multiplyer", "1"], "--noise-multiplier"),
+        (["account", "checkin", "--n", "9", "--stpes", "3"], "--steps"),
+        (["account", "checkin", "--n", "9", "--dleta=1e-5"], "--delta"),
+        (["calibrate", "checkin", "--n", "9", "--epsilon", "1", "--rounds", "2", "--rtae", "1"],
+         "--rate"),
+        (["account", "checkn", "--n", "9"], "'checkin'"),
+        (["calibrat", "checkin"], "'calibrate'"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_flag_or_name_gets_a_suggestion(capsys, argv, hint):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and not out
+    assert len(err.strip().splitlines()) == 1 and f"(did you mean {hint}" in err
+
+
+def test_account_and_calibrate_take_both_names_for_the_rounds():
+    parser = build_parser()
+    base = ["checkin", "--n", "9", "--rate", "0.5"]
+    assert parser.parse_args(["account", *base, "--rounds", "3", "4"]).steps == [3, 4]
+    assert parser.parse_args(["account", *base, "--steps", "3"]).steps == [3]
+    calibrate = ["calibrate", *base, "--epsilon", "1"]
+    assert parser.parse_args([*calibrate, "--steps", "7"]).rounds == 7
+    assert parser.parse_args([*calibrate, "--rounds", "7"]).rounds == 7
