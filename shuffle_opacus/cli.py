@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import difflib
 import json
 import math
 import os
@@ -55,6 +54,7 @@ from .protocols import (
     sensitivity_assumptions,
     sensitivity_label,
 )
+from .suggestions import argparse_suggestion
 
 __all__ = ["main", "build_parser"]
 
@@ -71,39 +71,7 @@ class CliError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise CliError(message + _suggestion(self, message))
-
-
-def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
-    """Every option string of ``parser`` and of its subcommands."""
-    found: list[str] = []
-    for action in parser._actions:
-        found.extend(action.option_strings)
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                found.extend(_option_strings(sub))
-    return found
-
-
-def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
-    """Return ``" (did you mean ...?)"`` for a mistyped flag or choice, else ``""``."""
-    if message.startswith("unrecognized arguments:"):
-        known = sorted(set(_option_strings(parser)))
-        words = message.split(":", 1)[1].split()
-        hints = []
-        for word in words:
-            flag = word.split("=", 1)[0]
-            if flag.startswith("-"):
-                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
-                if close:
-                    hints.append(f"{close[0]} for {flag}")
-        return f" (did you mean {', '.join(hints)}?)" if hints else ""
-    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
-    if choice:
-        options = [c.strip(" '") for c in choice.group(2).split(",")]
-        close = difflib.get_close_matches(choice.group(1), options, n=1, cutoff=0.6)
-        return f" (did you mean {close[0]!r}?)" if close else ""
-    return ""
+        raise CliError(message + argparse_suggestion(self, message))
 
 
 def _typed(name: str, convert: Callable[[str, str], T]) -> Callable[[str], T]:

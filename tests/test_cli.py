@@ -532,3 +532,12 @@ def test_account_and_calibrate_take_both_names_for_the_rounds():
     calibrate = ["calibrate", *base, "--epsilon", "1"]
     assert parser.parse_args([*calibrate, "--steps", "7"]).rounds == 7
     assert parser.parse_args([*calibrate, "--rounds", "7"]).rounds == 7
+
+
+def test_the_experiment_command_suggests_flags_and_subcommands(capsys):
+    from shuffle_experiments.cli import main as experiment
+
+    assert experiment(["train", "--confg", "x.yaml"]) == 2
+    assert "(did you mean --config for --confg?)" in capsys.readouterr().err
+    assert experiment(["trian"]) == 2
+    assert "(did you mean 'train'?)" in capsys.readouterr().err

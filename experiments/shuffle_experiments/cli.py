@@ -18,6 +18,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from shuffle_opacus.suggestions import argparse_suggestion
+
 __all__ = ["main", "build_parser"]
 
 PROG = "shuffle-experiment"
@@ -29,7 +31,7 @@ class CliError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise CliError(message)
+        raise CliError(message + argparse_suggestion(self, message))
 
 
 def build_parser() -> argparse.ArgumentParser:

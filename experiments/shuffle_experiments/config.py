@@ -24,6 +24,7 @@ from pydantic import (
 from shuffle_opacus import PROTOCOLS, get_protocol
 from shuffle_opacus.history import MIN_DELTA
 from shuffle_opacus.protocols import resolve_sensitivity
+from shuffle_opacus.suggestions import did_you_mean
 
 __all__ = [
     "BASELINES",
@@ -464,8 +465,26 @@ def _field_name(loc: Sequence[Any]) -> str:
     return "".join(parts) or "config"
 
 
+def _known_keys(loc: Sequence[Any]) -> list[str]:
+    """Return the keys the section at ``loc`` (without its last part) accepts."""
+    model: Any = ExperimentConfig
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = field.annotation
+    return list(getattr(model, "model_fields", {}))
+
+
 def _one_line(exc: ValidationError) -> str:
     errors = exc.errors()
+    # An unknown key first: a misspelt required key is reported as unknown (with the closest
+    # known key), not only as the required key it leaves missing.
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    if unknown:
+        loc = unknown[0]["loc"]
+        hint = did_you_mean(str(loc[-1]), _known_keys(loc))
+        return f"{_field_name(loc)} is not a known key{hint}, got {unknown[0].get('input')!r}"
     # For a union (sensitivity: number or name), report one message rather than each branch.
     first = errors[0]
     field = _field_name(first["loc"])

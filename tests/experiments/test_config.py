@@ -132,3 +132,24 @@ def test_unreadable_files(tmp_path):
     listy.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="config must be a mapping"):
         load_config(listy)
+
+
+@pytest.mark.parametrize(
+    ("section", "wrong", "right"),
+    [("training", "round", "rounds"), ("privacy", "noise_multipler", "noise_multiplier")],
+)
+def test_a_misspelt_required_key_is_named_unknown_with_the_right_one(section, wrong, right):
+    """The misspelling leaves the required key missing; the message names the misspelling as
+    unknown and suggests the key it resembles (not only "<right> is required")."""
+    raw = copy.deepcopy(with_value(f"{section}.{right}", 1))
+    raw[section][wrong] = raw[section].pop(right)
+    with pytest.raises(ConfigError) as err:
+        validate(raw)
+    assert (
+        str(err.value) == f"{section}.{wrong} is not a known key (did you mean {right!r}?), got 1"
+    )
+
+
+def test_an_unknown_key_with_no_near_match_gets_no_suggestion():
+    with pytest.raises(ConfigError, match=r"^training.zzz is not a known key, got 1$"):
+        validate(with_value("training.zzz", 1))
