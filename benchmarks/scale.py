@@ -343,8 +343,18 @@ def figure(path: Path, cohort: int = 1000) -> None:
             flush=True,
         )
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.loglog(sizes, [p[2]["epsilon"] for p in points], "o-", label="shuffled check-in (tight)")
-    left.loglog(sizes, [p[4] for p in points], "s--", label="central floor (trusted server)")
+    floor = 1e-6  # epsilon 0 (the composed total variation is below delta) is drawn here
+    for values, style, label in (
+        ([p[2]["epsilon"] for p in points], "o-", "shuffled check-in (tight)"),
+        ([p[4] for p in points], "s--", "central floor (trusted server)"),
+    ):
+        shown = [v if v > 0 else math.nan for v in values]  # a line breaks at each zero
+        line = left.loglog(sizes, shown, style, label=label)[0]
+        zeros = [n for n, v in zip(sizes, values, strict=True) if v <= 0]
+        if zeros:
+            left.plot(zeros, [floor] * len(zeros), "v", color=line.get_color())
+    left.axhline(floor, color="grey", lw=0.5)
+    left.text(sizes[0], floor * 1.3, "epsilon = 0 (markers on this line)", fontsize=7)
     left.set_xlabel("population n")
     left.set_ylabel(f"epsilon at delta = {DELTA:g}")
     left.set_title(

@@ -43,6 +43,11 @@ KOV_ROUND_SECONDS = 4.5e-6
 #: Self-composition of a PLD over k rounds: about ``PLD_COMPOSE_SECONDS * sqrt(k)`` (shuffle
 #: Gaussian, k = 1e6: 21 s; ldp-shuffle, k = 1e6: 9.7 s).
 PLD_COMPOSE_SECONDS = 0.025
+#: The same for the shuffle Gaussian's pessimistic composition alone (what a calibration
+#: evaluates), since its window follows the loss scale: check-in n = 1e5, rate 0.01, sigma 5:
+#: 1e4 rounds 0.01 s, 1e5 0.05 s, 1e6 1.4 s (the optimistic end, on its finer grid, costs about
+#: ``PLD_COMPOSE_SECONDS sqrt(k)``: 2.1 s, 12 s, 27 s).
+PLD_UPPER_COMPOSE_SECONDS = 2e-3
 #: The geometric grid of the shuffle Gaussian PLD (at most 64 reports): about
 #: ``PLD_LATTICE_SECONDS sqrt(n) / min(sigma, 1)^2`` plus 0.2 s.
 PLD_LATTICE_SECONDS = 1.2e-3
@@ -360,9 +365,11 @@ def calibrate_seconds(
     evaluations = 16.0
     if method == "pld":
         users = m if m is not None else n
-        # The bisection's evaluations are about as costly at analysis sigma 1 (noise multiplier
-        # 2) as on average; the smallest sigmas it visits fall back to the Rényi bound at once.
-        one = _shuffle_pld_seconds(n, users, 1.0, rate) + _pld_compose_seconds([rounds])
+        # The bisection's evaluations cost on average about one at analysis sigma 0.75 (the
+        # pair's lattice grows fast below it): check-in n = 1e5, rate 0.01, 10,000 rounds,
+        # target 1 (noise multiplier 1.03) took 46 s at load 1.3, the estimate is 47 s.
+        one = _shuffle_pld_seconds(n, users, 0.75, rate)
+        one += PLD_UPPER_COMPOSE_SECONDS * math.sqrt(rounds)
         return BASE_SECONDS + evaluations * one
     if method == "proven":
         return evaluations * proven_seconds(m if m is not None else n, [rounds])

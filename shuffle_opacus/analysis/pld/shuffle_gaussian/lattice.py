@@ -24,16 +24,21 @@ from .pair import (
 
 #: Peak bytes per point of the sum's lattice: the FFT convolutions of the powering (complex
 #: spectra, the product and its copy) and the pair's arrays (ratios, masses, their prefix and
-#: suffix sums). Measured 150 at 9.1e6 points (shuffle n = 1e9, sigma 5: 1.39 GB); rounded up.
+#: suffix sums). Measured 139 at 1.0e7 points (shuffle n = 1e9, sigma 5: 1.39 GB) and 130 at
+#: 8.4e6 (check-in n = 60000, rate 0.05, sigma 0.5, quick.yaml: 1.09 GB); rounded up.
 LATTICE_BYTES_PER_POINT = 176
 
 
 def _lattice_points(a: float, gamma: float, terms: int, x_max: float, step: float) -> float:
-    """Points of the largest lattice of the powering: the sum's window plus one report's range."""
+    """Points of the largest lattice: the sum's window, which includes one report's range.
+
+    With heavy tails (small sigma) the largest array is the one-big-term part (the window of
+    the other reports convolved with the big values), about as wide as this.
+    """
     w_max = math.exp(a * x_max - a * a / 2.0)
     variance_w = math.expm1(a * a)
     width = min(terms * (w_max + 1.0), w_max + 1.0 + 20.0 * math.sqrt(terms * gamma * variance_w))
-    return (width + 2.0 * (w_max + 1.0)) / step
+    return width / step
 
 
 def lattice_points(
