@@ -102,6 +102,8 @@ def state_of(
     out["released"] = accountant.releases.state()
     if accountant.releases.any_seed:
         out["released_any_seed"] = accountant.releases.any_seed
+    if accountant.releases.secret:
+        out["released_secret"] = accountant.releases.secret
     return out
 
 
@@ -112,14 +114,17 @@ def read_released(state_dict: Mapping[str, Any], rounds: int) -> ReleaseRecord:
     holds fewer rounds than its history, does not say which rounds it released: its ``rounds``
     rounds count as released under an unknown seed (rounds ``0 .. rounds - 1`` of every seed,
     :attr:`~shuffle_opacus.releases.ReleaseRecord.any_seed`), so that training from it resumes
-    at ``start_round=rounds`` or later. Epsilon is read from the history as before.
+    at ``start_round=rounds`` or later. Epsilon is read from the history as before. Its
+    ``released_secret`` (one past the last round drawn from the operating system in secure mode)
+    is restored as well: a resume continues after those rounds, which no seed can replay.
 
     Args:
         state_dict: A saved state.
         rounds: The rounds its history holds.
 
     Returns:
-        The record (with ``released_any_seed`` of the state, if any, restored).
+        The record (with ``released_any_seed`` and ``released_secret`` of the state, if any,
+        restored).
 
     Raises:
         ValueError: one line naming the first malformed entry.
@@ -133,6 +138,10 @@ def read_released(state_dict: Mapping[str, Any], rounds: int) -> ReleaseRecord:
         any_seed = check_int("state_dict['released_any_seed']", saved, minimum=0, maximum=MAX_ROUND)
         if len(record) + any_seed < rounds:
             any_seed = max(any_seed, rounds)
+        secret = state_dict.get("released_secret", 0)
+        record.release_secret(
+            check_int("state_dict['released_secret']", secret, minimum=0, maximum=MAX_ROUND)
+        )
     record.release_any_seed(min(any_seed, MAX_ROUND))
     return record
 

@@ -269,12 +269,19 @@ class ShuffleAccountantBase(IAccountant):
             ReplayError: naming the first released round and where new rounds begin.
         """
         first = self.releases.first_released(seed, start, stop)
-        unknown = self.releases.any_seed
+        unknown, secret = self.releases.any_seed, self.releases.secret
         if first is not None and first < unknown:
             raise ReplayError(
                 f"{what}={start}: the {self.name} accountant loaded {unknown} rounds from a state "
                 f"without a release record (saved before it existed, or edited), so rounds "
                 f"0..{unknown - 1} of every seed count as released; continue with "
+                f"{what}={self.releases.next_free(seed, start)} or later."
+            )
+        if first is not None and first < secret:
+            raise ReplayError(
+                f"{what}={start}: the {self.name} accountant released rounds up to {secret - 1} "
+                f"from the operating system's coins (secure mode), which no seed replays, so "
+                f"rounds 0..{secret - 1} of every seed count as released; continue with "
                 f"{what}={self.releases.next_free(seed, start)} or later."
             )
         if first is not None:
@@ -286,7 +293,15 @@ class ShuffleAccountantBase(IAccountant):
                 f"(rounds count from round 0), or leave seed=None for fresh coins."
             )
 
-    def release(self, seed: int, t: int, *, noise_multiplier: float, sample_rate: float) -> None:
+    def release(
+        self,
+        seed: int,
+        t: int,
+        *,
+        noise_multiplier: float,
+        sample_rate: float,
+        secret: bool = False,
+    ) -> None:
         """Record the release of round ``t`` of the sampler seeded ``seed``, once.
 
         Everything is checked before anything is recorded: a round already released (the same
@@ -294,10 +309,13 @@ class ShuffleAccountantBase(IAccountant):
         check-in set is counted twice as two independent rounds.
 
         Args:
-            seed: The sampler's seed.
+            seed: The sampler's seed (a secure sampler's random label).
             t: The round's index.
             noise_multiplier: Local noise of one client divided by the clipping norm (> 0).
             sample_rate: Per-round inclusion probability of one client.
+            secret: Whether the round was drawn from the operating system (a ``secure``
+                sampler): no seed replays it, so rounds ``0 .. t`` of every seed then count as
+                released (:attr:`~shuffle_opacus.releases.ReleaseRecord.secret`).
 
         Raises:
             ReplayError: if ``(seed, t)`` was released already.
@@ -313,6 +331,8 @@ class ShuffleAccountantBase(IAccountant):
         if binding is not None:
             REGISTRY.check(binding, t, t + 1)  # another engine's same coins: warn or refuse
         self.releases.add(seed, t)
+        if secret:
+            self.releases.release_secret(t + 1)
         self.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate)
         if binding is not None:
             REGISTRY.released(binding, t)

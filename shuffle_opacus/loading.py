@@ -51,8 +51,18 @@ def _first_example(data_loader: DataLoader, n: int) -> Any:
 
 
 def _existing_sampler(
-    spec: Protocol, name: str, sampler: ShuffleRoundSampler, n: int, options: PrivacyOptions
+    spec: Protocol,
+    name: str,
+    sampler: ShuffleRoundSampler,
+    n: int,
+    options: PrivacyOptions,
+    secure: bool,
 ) -> ShuffleRoundSampler:
+    if secure and not sampler.secure:
+        raise ValueError(
+            f"data_loader's sampler ({sampler!r}) draws its rounds from numpy's PCG64; with "
+            f"secure_mode=True build it with secure=True, or pass a plain loader."
+        )
     if sampler.protocol != spec.name:
         raise ValueError(
             f"the {name} accountant needs the {spec.name} protocol ({spec.sampler}); "
@@ -90,25 +100,57 @@ def _existing_sampler(
     return sampler
 
 
+def _check_secure_seed(options: PrivacyOptions, secure: bool) -> None:
+    """Refuse a seed in secure mode: the operating system's draws cannot be seeded."""
+    if secure and options.seed is not None:
+        raise ValueError(
+            f"seed must be None with secure_mode=True: the check-in coins and cohorts then come "
+            f"from the operating system, which cannot be seeded. Found {options.seed!r}."
+        )
+
+
 def _sampler(
-    spec: Protocol, name: str, data_loader: DataLoader, n: int, options: PrivacyOptions
+    spec: Protocol,
+    name: str,
+    data_loader: DataLoader,
+    n: int,
+    options: PrivacyOptions,
+    *,
+    secure: bool = False,
 ) -> ShuffleRoundSampler:
+    _check_secure_seed(options, secure)
     existing = data_loader.batch_sampler
     if isinstance(existing, ShuffleRoundSampler):
-        return _existing_sampler(spec, name, existing, n, options)
-    return new_sampler(spec, name, n, options)
+        return _existing_sampler(spec, name, existing, n, options, secure)
+    return new_sampler(spec, name, n, options, secure=secure)
 
 
-def new_sampler(spec: Protocol, name: str, n: int, options: PrivacyOptions) -> ShuffleRoundSampler:
+def new_sampler(
+    spec: Protocol, name: str, n: int, options: PrivacyOptions, *, secure: bool = False
+) -> ShuffleRoundSampler:
     """Build the protocol's sampler over ``n`` clients from the options, after checking them.
 
     Shared by :func:`make_private` (one example = one client) and
     :func:`shuffle_opacus.clients.make_private_clients` (``n`` = number of clients).
 
+    Args:
+        spec: The protocol.
+        name: The accountant's name, for messages.
+        n: Number of clients.
+        options: The caller's options (``rounds``, ``rate``, ``sample_size``, ``seed``,
+            ``start_round``).
+        secure: The engine's ``secure_mode``: draw every round from the operating system's
+            secure source (:mod:`shuffle_opacus.secure_random`) instead of numpy's PCG64.
+
+    Returns:
+        The sampler.
+
     Raises:
         ValueError: for missing or out-of-range ``rounds``, ``rate``, ``sample_size``, ``seed``
-            or ``start_round``, naming the accountant to use where another one fits.
+            or ``start_round``, naming the accountant to use where another one fits; for a
+            ``seed`` with ``secure=True`` (secure draws cannot be seeded).
     """
+    _check_secure_seed(options, secure)
     if options.rounds is None:
         raise ValueError("rounds is required (an integer >= 1): the number of training rounds.")
     size = options.sample_size
@@ -131,6 +173,7 @@ def new_sampler(spec: Protocol, name: str, n: int, options: PrivacyOptions) -> S
         rounds=options.rounds,
         seed=options.seed,
         start_round=options.start_round,
+        secure=secure,
     )
 
 

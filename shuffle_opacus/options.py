@@ -20,6 +20,8 @@ class PrivacyOptions:
         sample_size: Clients per round (``subsampled_shuffle``), in ``[1, n - 1]``.
         seed: Sampling seed, an integer in ``[0, 2**128 - 1]`` (larger seeds would repeat the
             rounds of smaller ones); ``None`` draws one (read ``loader.batch_sampler.seed``).
+            Must be ``None`` on a ``secure_mode`` engine, whose samplers draw every round from
+            the operating system (:mod:`shuffle_opacus.secure_random`) and cannot be seeded.
         start_round: First round to produce, to resume a run (with the same seed).
         sensitivity: ``"replace-one"`` (2, default), ``"paper"`` (1) or a number, in units of
             ``C``; see :mod:`shuffle_opacus.protocols`.

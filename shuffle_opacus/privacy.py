@@ -118,6 +118,28 @@ def _check_noise_generator(noise_generator: Any, device: torch.device) -> None:
         )
 
 
+def check_secure_rng(engine: PrivacyEngine) -> None:
+    """Refuse a secure-mode engine without Opacus's secure generator for the noise.
+
+    ``PrivacyEngine(secure_mode=True)`` sets ``engine.secure_rng`` (torchcsprng's
+    ``/dev/urandom`` generator); an engine whose ``secure_mode`` was switched on afterwards has
+    none, and the noise would come from torch's default generator.
+
+    Args:
+        engine: The engine.
+
+    Raises:
+        ValueError: one line, if ``engine.secure_mode`` is on and ``engine.secure_rng`` is not a
+            ``torch.Generator``.
+    """
+    if engine.secure_mode and not isinstance(getattr(engine, "secure_rng", None), torch.Generator):
+        raise ValueError(
+            "engine.secure_rng must be Opacus's secure generator with secure_mode=True (create "
+            "the engine with PrivacyEngine(secure_mode=True), which needs torchcsprng); "
+            f"found {getattr(engine, 'secure_rng', None)!r:.60}."
+        )
+
+
 def _check_training_args(
     engine: PrivacyEngine,
     module: nn.Module,
@@ -148,6 +170,7 @@ def _check_training_args(
         )
     if engine.secure_mode and options.noise_generator is not None:
         raise ValueError("noise_generator must be None in secure mode (Opacus's rule).")
+    check_secure_rng(engine)
     first = next(module.parameters(), None)
     _check_noise_generator(
         options.noise_generator, first.device if first is not None else torch.device("cpu")
@@ -183,7 +206,9 @@ def _prepare(
     spec = accountant.spec()
     n = _population(data_loader)
     first = _first_example(data_loader, n)
-    sampler = _sampler(spec, accountant.mechanism(), data_loader, n, options)
+    sampler = _sampler(
+        spec, accountant.mechanism(), data_loader, n, options, secure=bool(engine.secure_mode)
+    )
     sens = resolve_sensitivity(options.sensitivity)
     method = spec.check_method(options.method)
     if options.grad_sample_mode == "ew" and isinstance(sampler, ShuffledCheckInSampler):
@@ -241,12 +266,6 @@ def _make_private(
         where=f"make_private at {caller()}",
     )
     REGISTRY.check(binding, sampler.next_round, sampler.next_round + len(sampler))
-    if engine.secure_mode:
-        warnings.warn(
-            "secure_mode protects the noise; client sampling uses numpy's PCG64, which is a "
-            "simulation-grade generator.",
-            stacklevel=3,
-        )
     loader = _private_loader(data_loader, sampler, plan.first_example)
     plan.accountant.configure(
         population=plan.population,

@@ -184,21 +184,21 @@ SamplerFactory = Callable[..., "ShuffleRoundSampler"]
 
 def _checkin_sampler(
     n: int, *, rate: float | None, sample_size: int | None, rounds: int, seed: int | None,
-    start_round: int,
+    start_round: int, secure: bool = False,
 ) -> ShuffleRoundSampler:  # fmt: skip
     from .sampling import ShuffledCheckInSampler
 
-    return ShuffledCheckInSampler(n, rate, rounds, seed, start_round=start_round)  # type: ignore[arg-type]
+    return ShuffledCheckInSampler(n, rate, rounds, seed, start_round=start_round, secure=secure)  # type: ignore[arg-type]
 
 
 def _fixed_size_sampler(
     n: int, *, rate: float | None, sample_size: int | None, rounds: int, seed: int | None,
-    start_round: int,
+    start_round: int, secure: bool = False,
 ) -> ShuffleRoundSampler:  # fmt: skip
     from .sampling import FixedSizeShuffledSampler
 
     m = n if sample_size is None else int(sample_size)
-    return FixedSizeShuffledSampler(n, m, rounds, seed, start_round=start_round)
+    return FixedSizeShuffledSampler(n, m, rounds, seed, start_round=start_round, secure=secure)
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ class Protocol:
         summary: Who reports in a round, in words.
         sampler: Name of the matching sampler, for messages.
         make_sampler: ``make_sampler(n, rate=..., sample_size=..., rounds=..., seed=...,
-            start_round=...)`` builds that sampler (imports torch).
+            start_round=..., secure=False)`` builds that sampler (imports torch).
     """
 
     name: str

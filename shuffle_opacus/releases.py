@@ -13,6 +13,12 @@ released under an unknown seed (:attr:`ReleaseRecord.any_seed`): rounds ``0 .. L
 seed count as released, so a restart at ``start_round=0`` with the same seed is refused and
 training continues at ``start_round=L`` (the rounds an earlier run of the package released from
 round 0 on).
+
+A round drawn from the operating system (a ``secure`` sampler, ``secure_mode=True``) has no seed
+that could replay it; its sampler's ``seed`` is only a random label. So that a resume never
+releases its index again, whatever label or seed it uses, such a round ``t`` makes rounds
+``0 .. t`` of every seed count as released (:attr:`ReleaseRecord.secret`, saved as
+``released_secret``): a run resumes after the last round it drew from the operating system.
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ class ReleaseRecord:
         """Create an empty record."""
         self._runs: dict[int, list[list[int]]] = {}
         self._any_seed = 0
+        self._secret = 0
 
     def __len__(self) -> int:
         """Return the number of released rounds recorded with their seed (not :attr:`any_seed`)."""
@@ -83,6 +90,31 @@ class ReleaseRecord:
         0 unless a state without a release record was loaded.
         """
         return self._any_seed
+
+    @property
+    def secret(self) -> int:
+        """``S``: one past the last round drawn from the operating system (0 if none was).
+
+        Rounds ``0 .. S - 1`` of every seed count as released (see the module docstring).
+        """
+        return self._secret
+
+    @property
+    def floor(self) -> int:
+        """Rounds below this count as released for every seed: ``max(any_seed, secret)``."""
+        return max(self._any_seed, self._secret)
+
+    def release_secret(self, rounds: int) -> None:
+        """Count rounds ``0 .. rounds - 1`` of every seed as released (the record only grows).
+
+        Args:
+            rounds: One past the last round drawn from the operating system (integer >= 0).
+
+        Raises:
+            ValueError: if ``rounds`` is not an integer in ``[0, MAX_ROUND]``.
+        """
+        rounds = check_int("rounds", rounds, minimum=0, maximum=MAX_ROUND)
+        self._secret = max(self._secret, rounds)
 
     def release_any_seed(self, rounds: int) -> None:
         """Count rounds ``0 .. rounds - 1`` of every seed as released (the record only grows).
@@ -107,7 +139,7 @@ class ReleaseRecord:
         Returns:
             The smallest released round in the range, or ``None`` if none is.
         """
-        if start < self._any_seed and start < stop:
+        if start < self.floor and start < stop:
             return start
         for run_start, run_stop in self._runs.get(seed, ()):
             if run_stop > start and run_start < stop:
@@ -124,7 +156,7 @@ class ReleaseRecord:
         Returns:
             That round.
         """
-        start = max(start, self._any_seed)
+        start = max(start, self.floor)
         for run_start, run_stop in self._runs.get(seed, ()):
             if run_start <= start < run_stop:
                 return run_stop
@@ -145,7 +177,14 @@ class ReleaseRecord:
                 f"round {t} of seed {seed} may have been released already: the accountant "
                 f"loaded {self._any_seed} rounds from a state without a release record, so "
                 f"rounds 0..{self._any_seed - 1} of every seed count as released; continue "
-                f"with start_round={self._any_seed} or later."
+                f"with start_round={self.floor} or later."
+            )
+        if t < self._secret:
+            raise ReplayError(
+                f"round {t} of seed {seed} counts as released: rounds up to {self._secret - 1} "
+                f"were drawn from the operating system (secure mode), which no seed replays, so "
+                f"rounds 0..{self._secret - 1} of every seed count as released; continue with "
+                f"start_round={self.floor} or later."
             )
         runs = self._runs.setdefault(seed, [])
         i = bisect.bisect_right(runs, [t, MAX_ROUND + 1])
@@ -171,6 +210,7 @@ class ReleaseRecord:
             other: Another record.
         """
         self._any_seed = max(self._any_seed, other._any_seed)
+        self._secret = max(self._secret, other._secret)
         for seed, runs in other._runs.items():
             merged = sorted([*self._runs.get(seed, []), *([a, b] for a, b in runs)])
             out: list[list[int]] = []

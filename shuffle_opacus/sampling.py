@@ -13,7 +13,10 @@ rounds). A sampler releases every round once: its cursor
 :attr:`~ShuffleRoundSampler.next_round` never goes back, so a second ``for`` continues with new
 rounds, and an accountant that follows the sampler records each round as it is released. Its
 parameters are fixed once it is built. The generators (numpy's PCG64) are for simulation, not
-cryptographically secure: a deployment draws check-ins on the clients' devices.
+cryptographically secure. With ``secure=True`` (what ``secure_mode=True`` builds) a sampler draws
+every round from the operating system instead (:mod:`shuffle_opacus.secure_random`): no seed is
+accepted, ``seed`` is a random label that keys the release records, and a round exists only as
+it is drawn (``batch(t)`` draws fresh coins at every call).
 
 Passes, cursors and why rounds are never replayed: docs/opacus.md, "Samplers".
 """
@@ -27,6 +30,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
+from . import secure_random
 from ._validation import check_int, check_probability
 from .releases import MAX_ROUND, check_seed
 
@@ -50,27 +54,42 @@ class ShuffleRoundSampler(Sampler[list[int]], abc.ABC):
         n: Number of clients (dataset size).
         rounds: Number of rounds of one pass (what ``len`` of a fresh sampler gives).
         seed: The seed in use (drawn from the OS when ``None`` was passed; read it to reproduce).
+            With ``secure`` it is a random 128-bit label that keys the release records and
+            draws nothing.
         seed_given: Whether the seed was given rather than drawn from the operating system's
             entropy. The guarantee needs the rounds' participants to be unknown to the
             adversary: with a given seed it holds only against whoever does not know the seed,
             so such a run is a reproducible simulation.
         start_round: The round the first iteration starts at (0 unless resuming).
+        secure: Whether the rounds are drawn from the operating system's secure source
+            (:mod:`shuffle_opacus.secure_random`) rather than numpy's PCG64 from ``(seed, t)``.
     """
 
     protocol: str = ""
+    secure: bool = False
     #: Attributes that are fixed once the sampler is built.
-    _FIXED: tuple[str, ...] = ("n", "rounds", "seed", "seed_given", "start_round")
+    _FIXED: tuple[str, ...] = ("n", "rounds", "seed", "seed_given", "start_round", "secure")
     # The round state, set only through object.__setattr__ (see __setattr__).
     _next_round: int
     _released: int
     _release_hook: ReleaseHook | None
 
-    def __init__(self, n: int, rounds: int, seed: int | None, start_round: int) -> None:
+    def __init__(
+        self, n: int, rounds: int, seed: int | None, start_round: int, secure: bool = False
+    ) -> None:
         """Validate the common arguments (see the subclasses)."""
+        if not isinstance(secure, bool):
+            raise ValueError(f"secure must be True or False. Found {secure!r}.")
+        if secure and seed is not None:
+            raise ValueError(
+                f"seed must be None with secure=True (secure_mode): the operating system's "
+                f"coins cannot be seeded. Found {seed!r}."
+            )
         self.n = check_int("n", n, minimum=1)
         self.rounds = check_int("rounds", rounds, minimum=1)
-        self.seed = _check_seed(seed)
+        self.seed = secure_random.label() if secure else _check_seed(seed)
         self.seed_given = seed is not None
+        self.secure = secure
         self.start_round = check_int("start_round", start_round, minimum=0, maximum=MAX_ROUND)
         object.__setattr__(self, "_next_round", self.start_round)
         object.__setattr__(self, "_released", 0)
@@ -198,17 +217,27 @@ class ShuffleRoundSampler(Sampler[list[int]], abc.ABC):
     def _draw(self, rng: np.random.Generator) -> np.ndarray:
         """Return one round's client indices, shuffled, drawn from ``rng``."""
 
+    @abc.abstractmethod
+    def _draw_secure(self) -> np.ndarray:
+        """Return one round's client indices, shuffled, drawn from the operating system."""
+
     def batch(self, t: int) -> list[int]:
         """Return the clients of round ``t`` (0-based), in shuffled order.
 
         A pure function of ``(seed, t)``: it releases nothing (no hook is called, the cursor
-        does not move).
+        does not move). A ``secure`` sampler draws fresh coins from the operating system at
+        every call instead: its round ``t`` is whatever the call that released it drew.
 
         Raises:
             ValueError: if ``t`` is not an integer >= 0.
         """
         t = check_int("t", t, minimum=0, maximum=MAX_ROUND)
+        if self.secure:
+            return self._draw_secure().tolist()
         return self._draw(self._rng(t)).tolist()
+
+    def _describe_seed(self) -> str:
+        return "secure=True" if self.secure else f"seed={self.seed}"
 
     def _pass_end(self) -> int:
         """Return the round after the cursor's pass (a whole new pass at a boundary)."""
@@ -249,7 +278,14 @@ class ShuffledCheckInSampler(ShuffleRoundSampler):
     _FIXED = (*ShuffleRoundSampler._FIXED, "rate")
 
     def __init__(
-        self, n: int, rate: float, rounds: int, seed: int | None = None, *, start_round: int = 0
+        self,
+        n: int,
+        rate: float,
+        rounds: int,
+        seed: int | None = None,
+        *,
+        start_round: int = 0,
+        secure: bool = False,
     ) -> None:
         """Create the sampler.
 
@@ -260,11 +296,13 @@ class ShuffledCheckInSampler(ShuffleRoundSampler):
             seed: Integer in ``[0, 2**128 - 1]``; ``None`` draws one from the OS (kept in
                 ``self.seed``).
             start_round: Resume from this round (integer >= 0).
+            secure: Flip the coins and shuffle with the operating system's secure source
+                (then ``seed`` must be ``None``).
 
         Raises:
-            ValueError: on an out-of-range argument.
+            ValueError: on an out-of-range argument, or a seed with ``secure=True``.
         """
-        super().__init__(n, rounds, seed, start_round)
+        super().__init__(n, rounds, seed, start_round, secure)
         self.rate = check_probability("rate", rate)
 
     @property
@@ -276,11 +314,16 @@ class ShuffledCheckInSampler(ShuffleRoundSampler):
         chosen = np.flatnonzero(rng.random(self.n) < self.rate)
         return rng.permutation(chosen)
 
+    def _draw_secure(self) -> np.ndarray:
+        chosen = np.flatnonzero(secure_random.bernoulli(self.n, self.rate))
+        return chosen[secure_random.sample(chosen.size, chosen.size)]
+
     def __repr__(self) -> str:
         """Constructor-style representation."""
         return (
             f"ShuffledCheckInSampler(n={self.n}, rate={self.rate}, rounds={self.rounds}, "
-            f"seed={self.seed}, start_round={self.start_round}, next_round={self.next_round})"
+            f"{self._describe_seed()}, start_round={self.start_round}, "
+            f"next_round={self.next_round})"
         )
 
 
@@ -294,7 +337,14 @@ class FixedSizeShuffledSampler(ShuffleRoundSampler):
     _FIXED = (*ShuffleRoundSampler._FIXED, "m")
 
     def __init__(
-        self, n: int, m: int, rounds: int, seed: int | None = None, *, start_round: int = 0
+        self,
+        n: int,
+        m: int,
+        rounds: int,
+        seed: int | None = None,
+        *,
+        start_round: int = 0,
+        secure: bool = False,
     ) -> None:
         """Create the sampler.
 
@@ -305,11 +355,14 @@ class FixedSizeShuffledSampler(ShuffleRoundSampler):
             seed: Integer in ``[0, 2**128 - 1]``; ``None`` draws one from the OS (kept in
                 ``self.seed``).
             start_round: Resume from this round (integer >= 0).
+            secure: Draw the cohort with the operating system's secure source (then ``seed``
+                must be ``None``).
 
         Raises:
-            ValueError: on an out-of-range argument (``m > n`` included).
+            ValueError: on an out-of-range argument (``m > n`` included), or a seed with
+                ``secure=True``.
         """
-        super().__init__(n, rounds, seed, start_round)
+        super().__init__(n, rounds, seed, start_round, secure)
         self.m = check_int("m", m, minimum=1, maximum=self.n)
 
     @property
@@ -325,9 +378,13 @@ class FixedSizeShuffledSampler(ShuffleRoundSampler):
     def _draw(self, rng: np.random.Generator) -> np.ndarray:
         return rng.permutation(self.n)[: self.m]
 
+    def _draw_secure(self) -> np.ndarray:
+        return secure_random.sample(self.n, self.m)
+
     def __repr__(self) -> str:
         """Constructor-style representation."""
         return (
             f"FixedSizeShuffledSampler(n={self.n}, m={self.m}, rounds={self.rounds}, "
-            f"seed={self.seed}, start_round={self.start_round}, next_round={self.next_round})"
+            f"{self._describe_seed()}, start_round={self.start_round}, "
+            f"next_round={self.next_round})"
         )

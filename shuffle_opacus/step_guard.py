@@ -185,9 +185,10 @@ def follow_sampler(
     )
     guard = StepGuard(accountant.name)
     seed = sampler.seed
+    secret = bool(getattr(sampler, "secure", False))
 
     def release(t: int, batch: list[int]) -> None:
-        accountant.release(seed, t, noise_multiplier=sigma, sample_rate=rate)
+        accountant.release(seed, t, noise_multiplier=sigma, sample_rate=rate, secret=secret)
         guard.on_release(t, len(batch))
 
     def hook(optimizer: Any) -> None:

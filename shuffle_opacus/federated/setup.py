@@ -8,7 +8,6 @@ trainer built; after a ``ValueError`` nothing has changed.
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +26,7 @@ from ..privacy import (
     _check_noise_generator,
     _shuffle_accountant,
     bind_get_epsilon,
+    check_secure_rng,
     new_sampler,
 )
 from ..protocols import resolve_sensitivity
@@ -279,7 +279,11 @@ def make_private_clients(
         rate: Check-in probability (``shuffled_checkin``), in ``(0, 1]``.
         sample_size: Clients per round (``subsampled_shuffle``), in ``[1, n - 1]``.
         seed: Seed of the client sampling and of the local mini-batch order (integer in
-            ``[0, 2**128 - 1]``; ``None`` draws one, kept in ``trainer.sampler.seed``).
+            ``[0, 2**128 - 1]``; ``None`` draws one, kept in ``trainer.sampler.seed``). Must be
+            ``None`` with ``engine.secure_mode``: the check-ins and cohorts then come from the
+            operating system (:mod:`shuffle_opacus.secure_random`); the local mini-batch order
+            stays PCG64 from the sampler's random label (it is not part of the guarantee: the
+            clipped update may be any function of the client's data).
         start_round: First round iteration releases, to resume a run (same seed).
         sensitivity: ``"replace-one"`` (2, default), ``"paper"`` (1) or a number, in units of
             ``C``; see :mod:`shuffle_opacus.protocols`.
@@ -328,6 +332,7 @@ def make_private_clients(
         raise ValueError("noise_generator must be None in secure mode (Opacus's rule).")
     if engine.secure_mode and noise_mode == "per_client":
         raise ValueError("noise_mode='per_client' is a reference mode and has no secure mode.")
+    check_secure_rng(engine)
     n = clients.num_clients
     options = PrivacyOptions(
         max_grad_norm=max_update_norm,
@@ -340,7 +345,7 @@ def make_private_clients(
         method=method,
         strict=strict,
     )
-    sampler = new_sampler(spec, accountant.mechanism(), n, options)
+    sampler = new_sampler(spec, accountant.mechanism(), n, options, secure=bool(engine.secure_mode))
     sens = resolve_sensitivity(sensitivity)
     method = spec.check_method(method)
     size = sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None
@@ -377,12 +382,6 @@ def make_private_clients(
         where=f"make_private_clients at {caller()}",
     )
     REGISTRY.check(binding, sampler.start_round, max(sampler.start_round, sampler.rounds))
-    if engine.secure_mode:
-        warnings.warn(
-            "secure_mode protects the noise; client sampling and local batches use numpy's "
-            "PCG64, which is a simulation-grade generator.",
-            stacklevel=2,
-        )
     accountant.configure(population=n, sensitivity=sens, method=method, sample_size=size)
     bind_get_epsilon(engine)
     trainer = FederatedTrainer(

@@ -282,6 +282,7 @@ class FederatedTrainer:
             round_index,
             noise_multiplier=self.noise_multiplier,
             sample_rate=self.sampler.sample_rate,
+            secret=self.sampler.secure,
         )
         for p, g in grads.items():
             p.grad = g
