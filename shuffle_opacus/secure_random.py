@@ -31,12 +31,22 @@ from __future__ import annotations
 import math
 import os
 import secrets
+from typing import TypeAlias
 
 import numpy as np
 
 from ._validation import check_int, check_probability
 
-__all__ = ["SecureGenerator", "below", "bernoulli", "label", "normal", "sample", "uniforms"]
+__all__ = [
+    "Draws",
+    "SecureGenerator",
+    "below",
+    "bernoulli",
+    "label",
+    "normal",
+    "sample",
+    "uniforms",
+]
 
 _WORD = 8  # bytes of one uint64
 
@@ -244,3 +254,7 @@ class SecureGenerator:
     def __repr__(self) -> str:
         """``SecureGenerator()``: there is no state to show."""
         return "SecureGenerator()"
+
+
+#: A seeded numpy generator (reproducible simulation) or the operating system's draws.
+Draws: TypeAlias = "np.random.Generator | SecureGenerator"

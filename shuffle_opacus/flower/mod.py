@@ -9,16 +9,15 @@ becomes zero) and adds ``N(0, (σC)²)`` to every coordinate; and replies with e
 ``ArrayRecord`` and one ``MetricRecord`` holding ``num-examples = 1`` and the echo. An
 instruction flagged ``shuffle-dp.handshake`` (the start-up check) gets the echo alone, without
 training. The floor can be raised by ``--node-config "min-noise-multiplier=..."``. Noise comes
-from numpy's PCG64 seeded with 128 bits from the operating system (not hardened against
-Mironov's floating-point attack, like Opacus without ``secure_mode``); ``noise_seed`` is for
-tests. ``docs/flower.md`` has the details and what a node must also check (the app bundle).
+from the operating system (:class:`~shuffle_opacus.secure_random.SecureGenerator`: Box–Muller
+on ``os.urandom``, summed in fours as in Opacus's ``secure_mode``); ``noise_seed`` (numpy's
+PCG64) is for tests. ``docs/flower.md`` has the details and what a node must also check.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import secrets
 from typing import Any, cast
 
 import numpy as np
@@ -36,6 +35,7 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from .._validation import check_int, check_nonnegative
 from ..protocols import resolve_sensitivity
+from ..secure_random import Draws, SecureGenerator
 from .config import CONFIG_KEYS, HANDSHAKE_KEY, ShufflePrivacyConfig
 
 __all__ = ["FLOOR_NODE_CONFIG_KEY", "REFUSED", "LocalShuffleDPMod", "clip_factor"]
@@ -88,8 +88,8 @@ class LocalShuffleDPMod:
                 covers; evaluate on the server with public data instead.
             allow_noiseless: Accept ``noise_multiplier = 0`` (the clipped update in the clear).
                 Off by default, whatever the floor; for tests and equivalence checks only.
-            noise_seed: Integer >= 0 for reproducible noise (tests only); ``None`` draws fresh
-                operating-system entropy for every report.
+            noise_seed: Integer >= 0 for reproducible noise from numpy's PCG64 (tests only);
+                ``None`` draws every report's noise from the operating system.
 
         Raises:
             ValueError: for an argument outside its range.
@@ -179,9 +179,9 @@ class LocalShuffleDPMod:
             )
         return config, records[0].get(HANDSHAKE_KEY) is True
 
-    def _generator(self, context: Context, msg: Message) -> np.random.Generator:
+    def _generator(self, context: Context, msg: Message) -> Draws:
         if self.noise_seed is None:
-            return np.random.default_rng(secrets.randbits(128))
+            return SecureGenerator()
         config = next(
             r for r in msg.content.config_records.values() if CONFIG_KEYS["clip_norm"] in r
         )

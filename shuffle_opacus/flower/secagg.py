@@ -23,6 +23,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from .._validation import check_int, check_nonnegative, check_positive
+from ..secure_random import Draws
 
 __all__ = [
     "CLIPPING_TAIL",
@@ -271,7 +272,7 @@ def _grid(target: float, top: int) -> tuple[float, int]:
 
 
 def round_onto_grid(
-    values: list[np.ndarray], parameters: SecAggParameters, rng: np.random.Generator
+    values: list[np.ndarray], parameters: SecAggParameters, rng: Draws
 ) -> list[np.ndarray]:
     """Round a report stochastically onto SecAgg+'s grid, with the caller's generator.
 
@@ -285,7 +286,8 @@ def round_onto_grid(
     Args:
         values: The report's arrays (finite floats).
         parameters: The run's :class:`SecAggParameters`.
-        rng: The generator of the rounding (the mod's, seeded from the operating system).
+        rng: The generator of the rounding (the mod's: the operating system's draws, or
+            numpy's PCG64 when the mod is given a seed).
 
     Returns:
         float64 arrays of the same shapes, on the grid.
