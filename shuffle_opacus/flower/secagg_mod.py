@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +43,7 @@ from flwr.compat.common import recorddict_compat as compat
 
 from .._validation import check_int, check_nonnegative, check_positive, check_probability
 from ..protocols import resolve_sensitivity
+from ..secure_random import SecureGenerator, bernoulli
 from .config import (
     ARRAY_NAMES_KEY,
     CONFIG_KEYS,
@@ -372,8 +371,7 @@ class SecAggCheckInMod:
     def _draw(self, context: Context, rate: float, server_round: int) -> tuple[Any, bool]:
         """Return the generator of noise and rounding and the node's check-in coin."""
         if self.seed is None:
-            coin = random.SystemRandom().random() < rate
-            return np.random.default_rng(secrets.randbits(128)), coin
+            return SecureGenerator(), bool(bernoulli(1, rate)[0])
         sequence = np.random.SeedSequence(
             self.seed, spawn_key=(int(context.node_id) % 2**64, max(server_round, 0))
         )
