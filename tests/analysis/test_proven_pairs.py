@@ -176,3 +176,32 @@ def test_bad_input_is_one_line_naming_the_parameter(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment) as err:
         compute_epsilon("checkin", method="proven", **args)
     assert "\n" not in str(err.value)
+
+
+def test_a_pair_over_its_cell_budget_is_refused_and_its_route_skipped(monkeypatch):
+    """A tiny delta widens the windows (n = 1000, delta = 1e-50 asked for 5e8 cells, over
+    20 GB): past MAX_PAIR_CELLS the pair is not built, its route gives no bound at that level,
+    and the answer comes from the other routes (never an out-of-memory kill)."""
+    from shuffle_opacus.analysis.pld import proven, proven_pairs
+    from shuffle_opacus.analysis.pld.rounds import ShuffleRound
+
+    setting = ShuffleRound(n=50, sigma=1.0, rate=0.5)
+    monkeypatch.setattr(proven_pairs, "MAX_PAIR_CELLS", 10.0)
+    with pytest.raises(proven_pairs.PairTooLargeError, match="cells"):
+        proven_pairs.blanket_pair(setting, 0.01, 1e-12)
+    with pytest.raises(proven_pairs.PairTooLargeError, match="cells"):
+        proven_pairs.proven_pair(setting, 1.0, 1e-12)
+    proven._route_pair.cache_clear()
+    proven._plan.cache_clear()
+    estimate = proven.proven_rounds_epsilon([(setting, 2)], delta=1e-5)
+    assert estimate.route == "gaussian" and math.isfinite(estimate.epsilon)
+    proven._route_pair.cache_clear()
+    proven._plan.cache_clear()
+
+
+def test_a_delta_below_the_compositions_truncation_is_infinite_at_once():
+    from shuffle_opacus.analysis.pld.proven import proven_rounds_epsilon
+    from shuffle_opacus.analysis.pld.rounds import ShuffleRound
+
+    estimate = proven_rounds_epsilon([(ShuffleRound(n=1000, sigma=1.0), 3)], delta=1e-50)
+    assert math.isinf(estimate.epsilon)

@@ -24,8 +24,9 @@ from dp_accounting.pld.privacy_loss_distribution import from_gaussian_mechanism
 from ..._validation import check_delta
 from ..approximate.analytic_gaussian import gaussian_dp_delta, gaussian_dp_epsilon
 from .common import default_tail
-from .powers import PmfPowers, compose_powers
+from .powers import DEFAULT_TRUNCATION, PmfPowers, compose_powers
 from .proven_pairs import (
+    PairTooLargeError,
     ProvenPair,
     blanket_mass,
     blanket_pair,
@@ -320,7 +321,11 @@ def _evaluate(
     eta0, eta1, per = stand_in_costs(route, parts, level)
     if eta0 + eta1 >= delta:
         return math.inf, 1.0, eta0 + eta1, 0.0, per
-    if sum(_route_pair(route, s, k, tail).left * c for s, c in parts) >= delta:
+    try:
+        left = sum(_route_pair(route, s, k, tail).left * c for s, c in parts)
+    except PairTooLargeError:
+        return math.inf, 1.0, eta0 + eta1, 0.0, per  # no bound from this route at this level
+    if left >= delta:
         return math.inf, 1.0, eta0 + eta1, 0.0, per  # the pairs' own tails exceed delta
     disc = min(_pair_grid(route, s, k, tail, scale) for s, _ in parts)
     powers = [(_pair_powers(route, s, k, tail, disc), c) for s, c in parts]
@@ -443,6 +448,9 @@ def proven_rounds_epsilon(
         raise ValueError(f"rounds must share sigma for the proven method. Found {found}.")
     parts = sorted(merged.items(), key=lambda item: (item[0].n, item[0].rate or 0, item[0].m or 0))
     total = sum(merged.values())
+    if delta <= DEFAULT_TRUNCATION:
+        # Every composition leaves out this much mass at infinity: no route gets below it.
+        return ProvenEstimate(math.inf, delta, "gaussian", None, None, 0.0, 1.0, 0.0, 0.0, 0.0)
     scale = _scale(total)
     route, k = _plan(tuple(s for s, _ in parts), tuple(c / total for _, c in parts), delta, scale)
     if route == "gaussian":

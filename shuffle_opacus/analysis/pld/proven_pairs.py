@@ -71,6 +71,23 @@ def expected_others(s: ShuffleRound) -> float:
     return (s.n - 1) * (1.0 if s.rate is None else s.rate)
 
 
+MAX_PAIR_CELLS = 2.0e7
+"""Largest number of cells a pair's enumeration may hold (a few arrays of 8 bytes each): beyond
+it the pair is not built and its route gives no bound at that level (a smaller delta widens the
+windows; at n = 1000, delta = 1e-50 the blanket windows held 5e8 cells)."""
+
+
+class PairTooLargeError(ValueError):
+    """A pair's enumeration would exceed :data:`MAX_PAIR_CELLS`; its route is skipped."""
+
+
+def _check_cells(cells: float) -> None:
+    if cells > MAX_PAIR_CELLS:
+        raise PairTooLargeError(
+            f"the pair would hold {cells:.3g} cells (at most {MAX_PAIR_CELLS:.3g})"
+        )
+
+
 def window(trials: int, prob: float, tail: float) -> tuple[int, int]:
     """Integer range outside which ``Bin(trials, prob)`` has mass at most ``tail``."""
     if trials == 0 or prob == 0.0:
@@ -138,6 +155,7 @@ def _enumerate(
     half = np.array([window(int(c), 0.5, tail / 8.0)[0] for c in t])
     lo_a = np.maximum(half - 1, 0)
     widths = t - 2 * lo_a + 1
+    _check_cells(float(widths.sum()))
     tt = np.repeat(t, widths)
     offsets = np.arange(int(widths.sum())) - np.repeat(np.cumsum(widths) - widths, widths)
     a = np.repeat(lo_a, widths) + offsets
@@ -275,6 +293,11 @@ def blanket_pair(setting: ShuffleRound, p: float, tail: float) -> ProvenPair:
     t_hi += 1
     c_hi += 1
     cs = np.arange(c_lo, c_hi + 1)
+    cells = 0.0
+    for t in range(t_lo, t_hi + 1):
+        edge = max(window(t, 0.5, piece)[0] - 1, 0)
+        cells += (t - 2 * edge + 1) * cs.size
+    _check_cells(cells)
     # Conditional law of the blanket count: among the users not counted, each is blanket with
     # probability share / (1 - 2 share).
     cond = share / (1.0 - 2.0 * share)
