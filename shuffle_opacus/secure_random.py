@@ -17,7 +17,10 @@ Flower mods draw their noise here when they are given no seed. Every draw reads
   halving, as Opacus does in ``secure_mode`` after Holohan & Braghin, *Secure Random Sampling in
   Differential Privacy* (arXiv:2107.10138, §5.1): an observed noisy value then no longer reveals
   the uniforms behind it, which is what the floating-point attacks on Gaussian samplers exploit
-  (Jin et al., arXiv:2112.05307, descendants of Mironov's 2012 attack on the Laplace mechanism).
+  (Jin, McMurtry, Rubinstein and Ohrimenko, *Are We There Yet? Timing and Floating-Point Attacks
+  on Differential Privacy Systems*, arXiv:2112.05307; descendants of Mironov's attack on the
+  Laplace mechanism, *On Significance of the Least Significant Bits for Differential Privacy*,
+  CCS 2012).
   Not addressed: the result is a float, whose set of reachable values still depends on the value
   noised (no snapping, no discrete Gaussian), and a caller's later rounding to ``float32`` is not
   designed as a defence.
