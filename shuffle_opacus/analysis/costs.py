@@ -313,6 +313,10 @@ def account_seconds(
     if fallback is None:
         return rdp(method or "rdp")
     users = int(m) if m is not None else n  # type: ignore[call-overload]
+    if method == "proven":
+        return proven_seconds(users, steps)
+    if method is not None and method != "pld":
+        return rdp(method)  # no pld estimate: it would import the pld engine for nothing
     pair = _shuffle_pld_seconds(
         n,
         users,
@@ -322,10 +326,6 @@ def account_seconds(
     pld = total + pair + _pld_compose_seconds(steps)
     if method == "pld":
         return pld
-    if method == "proven":
-        return proven_seconds(users, steps)
-    if method is not None:
-        return rdp(method)
     # The default: pld where affordable, else its Rényi fallback (an order cap selects it).
     if max_order is not None or float(sigma) < 0.05:  # type: ignore[arg-type]
         return rdp(fallback)

@@ -47,15 +47,21 @@ class RoundPrinter:
         self.total = total
         self.rounds_printed = 0
         self.guarantee_printed = False
+        self._last_round = 0
 
     def __call__(self, line: str) -> None:
         """Read one log line; print it if it is a round line.
 
         After the run's last round (the configured last one, or one that stopped the run) the
-        guarantee block follows (:func:`guarantee_lines`), once.
+        guarantee block follows (:func:`guarantee_lines`), once per run (a round number that
+        does not grow starts another run).
         """
         record = read_round_line(line)
         if record is not None:
+            number = record.get("round")
+            if isinstance(number, int) and number <= self._last_round:
+                self.guarantee_printed = False  # a new run on the same console
+            self._last_round = number if isinstance(number, int) else self._last_round
             self.write(self.format(record))
             self.rounds_printed += 1
             total = self.total or record.get("num_rounds")

@@ -111,7 +111,13 @@ def test_flwr_run_simulation_both_modes(tmp_path):
     # The log is named by the run id, and the console got a line per round while it ran (the
     # trusted-server part's rounds, then the secure-aggregation part's).
     assert outcome.log_path.name == f"run-{outcome.run_id}.log"
-    assert [line.split(":")[0] for line in console] == ["round 1/2", "round 2/2"] * 2
+    rounds = [line.split(":")[0] for line in console if line.startswith("round ")]
+    assert rounds == ["round 1/2", "round 2/2"] * 2
+    # After each part's last round: what each epsilon rests on (a guarantee line per epsilon).
+    assert [line.split(":")[0] for line in console if line.startswith("guarantee")] == [
+        "guarantee"
+    ] * 4
+    assert any(line.startswith("  assumes: Theorem 1's pair") for line in console)
     (result_file,) = out.iterdir()
     record = json.loads(result_file.read_text())
     trusted, secagg = record["trusted-server"], record["secagg"]
