@@ -53,13 +53,13 @@ class RoundPrinter:
         """Read one log line; print it if it is a round line.
 
         After the run's last round (the configured last one, or one that stopped the run) the
-        guarantee block follows (:func:`guarantee_lines`), once per run (a round number that
-        does not grow starts another run).
+        guarantee block follows (:func:`guarantee_lines`), once per run (a round number below the
+        previous one starts another run).
         """
         record = read_round_line(line)
         if record is not None:
             number = record.get("round")
-            if isinstance(number, int) and number <= self._last_round:
+            if isinstance(number, int) and number < self._last_round:
                 self.guarantee_printed = False  # a new run on the same console
             self._last_round = number if isinstance(number, int) else self._last_round
             self.write(self.format(record))
