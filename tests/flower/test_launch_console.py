@@ -117,3 +117,29 @@ def test_the_last_round_is_followed_by_what_each_epsilon_rests_on():
         "method proven, sensitivity 2 C, delta 1e-05",
     ]
     assert lines[6:] == ["  note: route blanket", "  assumes: published theorems", lines[1]]
+
+
+def test_the_readmes_flower_run_prints_the_accountants_numbers():
+    """The README's Flower example (20 nodes, 3 rounds, the app's defaults): its last round's
+    epsilon and proven epsilon are the check-in accountant's for that configuration."""
+    import re
+
+    from shuffle_opacus import history_epsilon
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: flwr brings tomli
+        import tomli as tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    app = tomllib.loads((root / "experiments" / "flower_mnist" / "pyproject.toml").read_text())
+    config = app["tool"]["flwr"]["app"]["config"]
+    line = re.search(r"round 3/3: .*epsilon ([0-9.]+) \(delta 1e-05\), proven epsilon ([0-9.]+)",
+                     readme)  # fmt: skip
+    assert line and "--nodes 20" in readme and "num-server-rounds=3" in readme
+    history = [(config["noise-multiplier"], config["rate"], 3)]
+    for value, method in ((line.group(1), None), (line.group(2), "proven")):
+        expected = history_epsilon(history, protocol="checkin", delta=config["delta"],
+                                   population=20, method=method).epsilon  # fmt: skip
+        assert float(value) == pytest.approx(expected, rel=1e-5), method
