@@ -16,6 +16,21 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile("repeatable")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_pmf_cache(tmp_path_factory):
+    """The on-disk PMF cache of the whole session (subprocesses too) lies in a temporary folder:
+    the suite never reads or writes the user's cache (shuffle_opacus.analysis.pld.disk_cache)."""
+    import os
+
+    before = os.environ.get("SHUFFLE_OPACUS_CACHE_DIR")
+    os.environ["SHUFFLE_OPACUS_CACHE_DIR"] = str(tmp_path_factory.mktemp("pmf_cache"))
+    yield
+    if before is None:
+        os.environ.pop("SHUFFLE_OPACUS_CACHE_DIR", None)
+    else:
+        os.environ["SHUFFLE_OPACUS_CACHE_DIR"] = before
+
+
 @pytest.fixture(autouse=True)
 def _forget_other_tests_releases():
     """Each test starts with an empty process-wide release registry (tests share data sets)."""
