@@ -17,17 +17,29 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from dp_accounting.pld import pld_pmf
 from scipy import fft
-from scipy.special import logsumexp
 
 from ..._validation import check_delta, check_int
 from ..limits import check_memory
+from . import disk_cache
 
-__all__ = ["PmfPowers", "compose_powers", "epsilon_for_delta", "DEFAULT_TRUNCATION"]
+if TYPE_CHECKING:  # dp_accounting is imported where a PMF of its own is built or read
+    from dp_accounting.pld import pld_pmf
+
+__all__ = [
+    "PmfPowers",
+    "ComposedPmf",
+    "cached_powers",
+    "compose_arrays",
+    "compose_powers",
+    "epsilon_for_delta",
+    "DEFAULT_TRUNCATION",
+]
 
 DEFAULT_TRUNCATION = 1e-15
 """Mass of a composition's tails left out of its window and added at infinity (as in
@@ -75,10 +87,46 @@ COMPOSE_BYTES_PER_POINT = 80
 
 
 def _dense(pmf: pld_pmf.PLDPmf) -> pld_pmf.DensePLDPmf:
+    from dp_accounting.pld import pld_pmf
+
     dense = pmf.to_dense_pmf()
     if not isinstance(dense, pld_pmf.DensePLDPmf):  # pragma: no cover - dp_accounting contract
         raise TypeError(f"pmf must convert to a DensePLDPmf. Found {type(dense).__name__}.")
     return dense
+
+
+def _logsumexp(a: np.ndarray, b: np.ndarray, zero: np.ndarray) -> np.float64:
+    """``scipy.special.logsumexp(a, b=b)`` for 1-D float arrays with ``b >= 0``, bit for bit.
+
+    The operations of scipy 1.17's ``logsumexp`` (the largest term taken out of the sum, then
+    ``log1p(s) + log(m) + max``, the direct ``log(sum(b e^a))`` where that is not finite) in
+    the same order on arrays of the same shapes, without its dispatch, which took most of a
+    PMF's construction. ``a`` is overwritten; ``zero`` is ``b == 0``.
+    """
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        original = a.copy()
+        a[zero] = -np.inf
+        a_max = np.max(a, keepdims=True)
+        i_max = a == a_max
+        a[i_max] = -np.inf
+        m = np.sum(b * i_max.astype(a.dtype), keepdims=True, dtype=a.dtype)
+        terms = b * np.exp(a - a_max)
+        s = np.sum(terms, keepdims=True, dtype=terms.dtype)
+        s = np.where(s == 0, s, s / m)
+        sign = np.sign(s + 1) * np.sign(m)
+        s = np.where(s < -1, -s - 2, s)
+        out = np.log1p(s) + np.log(np.abs(m)) + a_max
+        out[sign < 0] = np.nan
+        if not np.isfinite(out[0]):
+            out = np.log(np.sum(b * np.exp(original), keepdims=True))
+    return np.float64(out[0])
+
+
+def _log_mgf(probs: np.ndarray, orders: np.ndarray) -> np.ndarray:
+    """``log sum_i probs[i] e^{o i}`` at each order ``o`` (see :func:`_logsumexp`)."""
+    index = np.arange(probs.size, dtype=float)
+    zero = probs == 0
+    return np.array([_logsumexp(index * o, probs, zero) for o in orders])
 
 
 class PmfPowers:
@@ -93,25 +141,109 @@ class PmfPowers:
         probs: Masses on the grid (read-only).
         infinity: Mass at infinite loss.
         pessimistic: Whether the PMF is a pessimistic estimate.
+        orders: The Chernoff orders of the composition window (per grid index).
+        log_mgf: ``log sum_i probs[i] e^{o i}`` at each order (read-only).
     """
 
     def __init__(self, pmf: pld_pmf.PLDPmf) -> None:
         dense = _dense(pmf)
         # dp_accounting keeps these as private attributes of its dense PMF.
-        self.discretization = float(dense._discretization)
-        self.lower = int(dense._lower_loss)
-        probs = np.array(dense._probs, dtype=float)
+        self._setup(
+            float(dense._discretization),
+            int(dense._lower_loss),
+            np.array(dense._probs, dtype=float),
+            float(dense._infinity_mass),
+            bool(dense._pessimistic_estimate),
+            None,
+        )
+
+    def _setup(
+        self,
+        discretization: float,
+        lower: int,
+        probs: np.ndarray,
+        infinity: float,
+        pessimistic: bool,
+        log_mgf: np.ndarray | None,
+    ) -> None:
+        self.discretization = discretization
+        self.lower = lower
         probs.setflags(write=False)
         self.probs = probs
-        self.infinity = float(dense._infinity_mass)
-        self.pessimistic = bool(dense._pessimistic_estimate)
-        orders = _chernoff_orders(self.discretization)
-        index = np.arange(probs.size, dtype=float)
-        with np.errstate(over="ignore", divide="ignore"):
-            self.log_mgf = np.array([logsumexp(index * o, b=probs) for o in orders])
-        self.orders = orders
+        self.infinity = infinity
+        self.pessimistic = pessimistic
+        self.orders = _chernoff_orders(discretization)
+        if log_mgf is None:
+            log_mgf = _log_mgf(probs, self.orders)
+        elif log_mgf.shape != self.orders.shape:
+            raise ValueError(
+                f"log_mgf must hold one value per Chernoff order ({self.orders.size}). Found "
+                f"{log_mgf.shape}."
+            )
+        log_mgf.setflags(write=False)
+        self.log_mgf = log_mgf
         self._spectra: OrderedDict[int, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+
+    @classmethod
+    def from_arrays(
+        cls,
+        *,
+        discretization: float,
+        lower: int,
+        probs: np.ndarray,
+        infinity: float,
+        pessimistic: bool,
+        log_mgf: np.ndarray | None = None,
+    ) -> PmfPowers:
+        """Build from the fields of a dense PMF, without ``dp_accounting``.
+
+        ``PmfPowers.from_arrays(**p.fields())`` is bit for bit ``p``.
+
+        Args:
+            discretization: The loss grid step (> 0).
+            lower: Index of the first grid point.
+            probs: Masses on the grid (1-D; copied unless a read-only float64 array).
+            infinity: Mass at infinite loss.
+            pessimistic: Whether the PMF is a pessimistic estimate.
+            log_mgf: The moments at :attr:`orders` if known (as :meth:`fields` gives them),
+                else ``None`` to compute them.
+
+        Returns:
+            The :class:`PmfPowers`.
+
+        Raises:
+            ValueError: on a non-positive ``discretization``, ``probs`` not 1-D, or a
+                ``log_mgf`` of the wrong length.
+        """
+        if not discretization > 0:
+            raise ValueError(f"discretization must be > 0. Found {discretization!r}.")
+        values = np.asarray(probs, dtype=float)
+        if values.ndim != 1:
+            raise ValueError(f"probs must be 1-D. Found shape {values.shape}.")
+        if values.flags.writeable:  # kept read-only: a copy, unless the caller cannot write it
+            values = values.copy()
+        moments = None
+        if log_mgf is not None:
+            moments = np.asarray(log_mgf, dtype=float)
+            if moments.flags.writeable:
+                moments = moments.copy()
+        self = cls.__new__(cls)
+        self._setup(
+            float(discretization), int(lower), values, float(infinity), bool(pessimistic), moments
+        )
+        return self
+
+    def fields(self) -> dict[str, object]:
+        """Return the keyword arguments of :meth:`from_arrays` that rebuild this PMF."""
+        return {
+            "discretization": self.discretization,
+            "lower": self.lower,
+            "probs": self.probs,
+            "infinity": self.infinity,
+            "pessimistic": self.pessimistic,
+            "log_mgf": self.log_mgf,
+        }
 
     @property
     def size(self) -> int:
@@ -178,10 +310,39 @@ def _fft_length(needed: int) -> int:
     return int(fft.next_fast_len(1 << max(needed - 1, 1).bit_length(), real=True))
 
 
-def compose_powers(
+@dataclass(frozen=True)
+class ComposedPmf:
+    """A composed dense PMF without ``dp_accounting`` (:func:`compose_arrays`).
+
+    Attributes:
+        discretization: The loss grid step.
+        lower: Index of the first grid point.
+        probs: Masses on the grid.
+        infinity: Mass at infinite loss.
+        pessimistic: Whether the PMF is a pessimistic estimate.
+    """
+
+    discretization: float
+    lower: int
+    probs: np.ndarray
+    infinity: float
+    pessimistic: bool
+
+    def to_dense_pmf(self) -> pld_pmf.DensePLDPmf:
+        """Return the same PMF as a ``dp_accounting`` dense PMF (sharing ``probs``)."""
+        from dp_accounting.pld import pld_pmf
+
+        return pld_pmf.DensePLDPmf(
+            self.discretization, self.lower, self.probs, self.infinity, self.pessimistic
+        )
+
+
+def compose_arrays(
     parts: Sequence[tuple[PmfPowers, int]], *, truncation: float = DEFAULT_TRUNCATION
-) -> pld_pmf.DensePLDPmf:
+) -> ComposedPmf:
     """Compose ``count`` rounds of each PMF (the law of the sum of independent losses).
+
+    :func:`compose_powers` without ``dp_accounting``: the same arithmetic, the same bits.
 
     Args:
         parts: ``(pmf, count)`` pairs; the PMFs must share their grid step and estimate type.
@@ -189,7 +350,7 @@ def compose_powers(
             pessimistic estimate, as ``dp_accounting`` does), in ``(0, 1)``.
 
     Returns:
-        A ``dp_accounting`` dense PMF.
+        A :class:`ComposedPmf`.
 
     Raises:
         ValueError: on an empty ``parts``, a count below 1, or PMFs on different grids.
@@ -228,30 +389,105 @@ def compose_powers(
     if first.pessimistic:
         infinity += truncation
     lower = sum(p.lower * k for p, k in parts) + low
-    return pld_pmf.DensePLDPmf(first.discretization, lower, probs, infinity, first.pessimistic)
+    return ComposedPmf(first.discretization, lower, probs, infinity, first.pessimistic)
 
 
-def epsilon_for_delta(pmf: pld_pmf.PLDPmf, delta: float) -> float:
+def compose_powers(
+    parts: Sequence[tuple[PmfPowers, int]], *, truncation: float = DEFAULT_TRUNCATION
+) -> pld_pmf.DensePLDPmf:
+    """Compose ``count`` rounds of each PMF (the law of the sum of independent losses).
+
+    Args:
+        parts: ``(pmf, count)`` pairs; the PMFs must share their grid step and estimate type.
+        truncation: Mass of the composition's tails outside the window (added at infinity for a
+            pessimistic estimate, as ``dp_accounting`` does), in ``(0, 1)``.
+
+    Returns:
+        A ``dp_accounting`` dense PMF (that of :func:`compose_arrays`).
+
+    Raises:
+        ValueError: on an empty ``parts``, a count below 1, or PMFs on different grids.
+        MemoryLimitError: when the composition's FFT would exceed the memory limit
+            (:func:`~shuffle_opacus.analysis.limits.memory_limit`), before it is allocated.
+    """
+    return compose_arrays(parts, truncation=truncation).to_dense_pmf()
+
+
+def cached_powers(
+    kind: str,
+    version: int,
+    key: Mapping[str, disk_cache.KeyValue],
+    build: Callable[[], Sequence[PmfPowers]],
+    *,
+    sources: Sequence[str],
+) -> tuple[PmfPowers, ...]:
+    """Per-round PMFs from the on-disk cache (:mod:`.disk_cache`), built and stored on a miss.
+
+    The PMFs, their Chernoff moments included, come back bit for bit as ``build`` made them.
+
+    Args:
+        kind: The entry's family (see :func:`.disk_cache.load`), e.g. ``"shuffle-upper"``.
+        version: The construction's code version; bump it whenever the construction changes.
+        key: Every parameter the PMFs depend on.
+        build: Builds the PMFs on a miss (its exceptions propagate; nothing is stored then).
+        sources: Source files and folders (relative to the ``shuffle_opacus`` package) of the
+            construction, whose digest is part of the key.
+
+    Returns:
+        The PMFs, in ``build``'s order.
+    """
+
+    def entry() -> disk_cache.Entry:
+        arrays: dict[str, np.ndarray] = {}
+        scalars: dict[str, disk_cache.Scalar] = {}
+        for i, pmf in enumerate(build()):
+            arrays[f"{i}.probs"], arrays[f"{i}.log_mgf"] = pmf.probs, pmf.log_mgf
+            scalars[f"{i}.discretization"], scalars[f"{i}.lower"] = pmf.discretization, pmf.lower
+            scalars[f"{i}.infinity"], scalars[f"{i}.pessimistic"] = pmf.infinity, pmf.pessimistic
+        scalars["count"] = len(arrays) // 2
+        return disk_cache.Entry(arrays, scalars)
+
+    found = disk_cache.cached(kind, version, key, entry, sources=sources)
+    a, v = found.arrays, found.scalars
+    return tuple(
+        PmfPowers.from_arrays(
+            discretization=float(v[f"{i}.discretization"]),  # type: ignore[arg-type]
+            lower=int(v[f"{i}.lower"]),  # type: ignore[arg-type]
+            probs=a[f"{i}.probs"],
+            infinity=float(v[f"{i}.infinity"]),  # type: ignore[arg-type]
+            pessimistic=bool(v[f"{i}.pessimistic"]),
+            log_mgf=a[f"{i}.log_mgf"],
+        )
+        for i in range(int(v["count"]))  # type: ignore[arg-type]
+    )
+
+
+def epsilon_for_delta(pmf: pld_pmf.PLDPmf | ComposedPmf, delta: float) -> float:
     """Smallest epsilon with hockey-stick divergence at most ``delta`` (vectorised).
 
     The same scan as ``dp_accounting``'s ``DensePLDPmf.get_epsilon_for_delta`` (from the largest
     loss down, stopping where epsilon reaches the loss), in numpy instead of a Python loop.
 
     Args:
-        pmf: A ``dp_accounting`` PMF.
+        pmf: A ``dp_accounting`` PMF or a :class:`ComposedPmf`.
         delta: Target delta in ``(0, 1)``.
 
     Returns:
         Epsilon (``inf`` when the mass at infinity exceeds ``delta``; at least 0).
     """
     delta = check_delta(delta)
-    dense = _dense(pmf)
-    infinity = float(dense._infinity_mass)
+    if isinstance(pmf, ComposedPmf):
+        infinity, lowest = float(pmf.infinity), int(pmf.lower)
+        probs, discretization = np.asarray(pmf.probs, dtype=float), float(pmf.discretization)
+    else:
+        dense = _dense(pmf)
+        infinity, lowest = float(dense._infinity_mass), int(dense._lower_loss)
+        probs, discretization = np.asarray(dense._probs, dtype=float), float(dense._discretization)
     if infinity > delta:
         return math.inf
-    probs = np.asarray(dense._probs, dtype=float)[::-1]
-    top = int(dense._lower_loss) + probs.size - 1
-    losses = (top - np.arange(probs.size)) * float(dense._discretization)
+    probs = probs[::-1]
+    top = lowest + probs.size - 1
+    losses = (top - np.arange(probs.size)) * discretization
     # Masses above each loss (excluded), as the scan holds them before adding that loss.
     upper = infinity + np.concatenate(([0.0], np.cumsum(probs)))
     with np.errstate(over="ignore"):

@@ -16,6 +16,13 @@ setting gets two kinds of per-round PMF, built once and kept:
 
 Compositions go through :mod:`~shuffle_opacus.analysis.pld.powers` (spectra kept across round
 counts), so asking again after one more round costs one inverse FFT.
+
+The per-round PMFs are also kept on disk (:mod:`~shuffle_opacus.analysis.pld.disk_cache`), and
+so is the optimistic estimate's epsilon of a composition (its compositions run on grids up to 32
+times finer and take most of a query): a query asked again in a new process reads them back bit
+for bit instead of building them. Nothing is read back unless its whole key matches: the
+setting, the grid, the tail, :data:`CACHE_VERSION`, the package's and libraries' versions and
+the source of the construction.
 """
 
 from __future__ import annotations
@@ -26,11 +33,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from dp_accounting.pld import pld_pmf
 
-from ..limits import MemoryLimitError
-from .powers import PmfPowers, compose_powers, epsilon_for_delta
-from .shuffle_gaussian import pld_discretization, pld_tail, shuffle_gaussian_pair, symmetric_pmf
+from ..limits import MemoryLimitError, memory_budget
+from . import disk_cache
+from .powers import DEFAULT_TRUNCATION, PmfPowers, cached_powers, compose_arrays, epsilon_for_delta
+from .shuffle_gaussian.pair import pld_discretization, pld_tail
 
 __all__ = ["ShuffleRound", "PldEstimate", "shuffle_rounds_epsilon", "LOWER_SHIFT", "LOWER_REFINE"]
 
@@ -39,6 +46,19 @@ LOWER_SHIFT = 2e-3
 
 LOWER_REFINE = 32
 """The optimistic estimate's grid is at most this many times finer than the reported one."""
+
+CACHE_VERSION = 1
+"""Code version of the cached per-round PMFs and optimistic epsilons: bump it whenever their
+construction changes (the digest of :data:`CACHE_SOURCES` changes with any edit anyway)."""
+
+CACHE_SOURCES = (
+    "analysis/pld/rounds.py",
+    "analysis/pld/powers.py",
+    "analysis/pld/common.py",
+    "analysis/pld/disk_cache.py",
+    "analysis/pld/shuffle_gaussian",
+)
+"""The source files that build a cached entry (relative to the package); their digest keys it."""
 
 
 @dataclass(frozen=True)
@@ -73,29 +93,67 @@ class PldEstimate:
     details: Mapping[str, object] | None = None
 
 
-@functools.lru_cache(maxsize=16)
-def _upper(setting: ShuffleRound, discretization: float, tail: float) -> PmfPowers:
+def _key(
+    setting: ShuffleRound, discretization: float, tail: float
+) -> dict[str, disk_cache.KeyValue]:
+    return {
+        "n": setting.n,
+        "sigma": setting.sigma,
+        "rate": setting.rate,
+        "m": setting.m,
+        "discretization": discretization,
+        "tail": tail,
+        # A pair over the memory limit is refused, not built: an entry serves only the same limit.
+        "memory": memory_budget(),
+    }
+
+
+def _build_upper(setting: ShuffleRound, discretization: float, tail: float) -> list[PmfPowers]:
+    from .shuffle_gaussian.pmf import shuffle_gaussian_pair, symmetric_pmf
+
     pair = shuffle_gaussian_pair(
         n=setting.n, sigma=setting.sigma, rate=setting.rate, m=setting.m, tail=tail
     )
-    return PmfPowers(symmetric_pmf(pair, discretization, tail / 4.0))
+    return [PmfPowers(symmetric_pmf(pair, discretization, tail / 4.0))]
+
+
+@functools.lru_cache(maxsize=16)
+def _upper(setting: ShuffleRound, discretization: float, tail: float) -> PmfPowers:
+    (upper,) = cached_powers(
+        "shuffle-upper",
+        CACHE_VERSION,
+        _key(setting, discretization, tail),
+        lambda: _build_upper(setting, discretization, tail),
+        sources=CACHE_SOURCES,
+    )
+    return upper
 
 
 def _rounded_down(
     losses: np.ndarray, masses: np.ndarray, discretization: float, infinity: float
-) -> pld_pmf.DensePLDPmf:
+) -> PmfPowers:
     keep = masses > 0
     losses, masses = losses[keep], masses[keep]
+    infinity = min(infinity, 1.0)
     if losses.size == 0:
-        return pld_pmf.DensePLDPmf(discretization, 0, np.zeros(1), min(infinity, 1.0), False)
+        return PmfPowers.from_arrays(
+            discretization=discretization,
+            lower=0,
+            probs=np.zeros(1),
+            infinity=infinity,
+            pessimistic=False,
+        )
     index = np.floor(losses / discretization).astype(np.int64)
     low = int(index.min())
     probs = np.bincount(index - low, weights=masses)
-    return pld_pmf.DensePLDPmf(discretization, low, probs, min(infinity, 1.0), False)
+    return PmfPowers.from_arrays(
+        discretization=discretization, lower=low, probs=probs, infinity=infinity, pessimistic=False
+    )
 
 
-@functools.lru_cache(maxsize=8)
-def _lower(setting: ShuffleRound, discretization: float, tail: float) -> tuple[PmfPowers, ...]:
+def _build_lower(setting: ShuffleRound, discretization: float, tail: float) -> list[PmfPowers]:
+    from .shuffle_gaussian.pmf import shuffle_gaussian_pair
+
     pair = shuffle_gaussian_pair(
         n=setting.n, sigma=setting.sigma, rate=setting.rate, m=setting.m, tail=tail
     )
@@ -107,10 +165,21 @@ def _lower(setting: ShuffleRound, discretization: float, tail: float) -> tuple[P
     add = _rounded_down(
         -log_ratio, masses[positive], discretization, float(masses[~positive].sum())
     )
-    return PmfPowers(remove), PmfPowers(add)
+    return [remove, add]
 
 
-def _lower_epsilon(
+@functools.lru_cache(maxsize=8)
+def _lower(setting: ShuffleRound, discretization: float, tail: float) -> tuple[PmfPowers, ...]:
+    return cached_powers(
+        "shuffle-lower",
+        CACHE_VERSION,
+        _key(setting, discretization, tail),
+        lambda: _build_lower(setting, discretization, tail),
+        sources=CACHE_SOURCES,
+    )
+
+
+def _compose_lower(
     merged: Mapping[ShuffleRound, int], fine: float, coarsest: float, tail: float, delta: float
 ) -> float | None:
     """Return the optimistic epsilon on grid ``fine``, coarsened while over the memory limit.
@@ -123,7 +192,7 @@ def _lower_epsilon(
             sides = [_lower(s, fine, tail) for s in merged]
             low = 0.0
             for side in range(2):
-                pmf = compose_powers(
+                pmf = compose_arrays(
                     [(pair[side], k) for pair, k in zip(sides, merged.values(), strict=True)]
                 )
                 low = max(low, epsilon_for_delta(pmf, delta))
@@ -132,6 +201,31 @@ def _lower_epsilon(
             if fine >= coarsest:
                 return None
             fine *= 2.0
+
+
+def _lower_epsilon(
+    merged: Mapping[ShuffleRound, int], fine: float, coarsest: float, tail: float, delta: float
+) -> float | None:
+    """:func:`_compose_lower`, kept on disk: its compositions take most of a query's time."""
+    key: dict[str, disk_cache.KeyValue] = {
+        "rounds": [[s.n, s.sigma, s.rate, s.m, k] for s, k in merged.items()],
+        "fine": fine,
+        "coarsest": coarsest,
+        "tail": tail,
+        "delta": delta,
+        "truncation": DEFAULT_TRUNCATION,
+        "memory": memory_budget(),
+    }
+    found = disk_cache.load("shuffle-lower-epsilon", CACHE_VERSION, key, sources=CACHE_SOURCES)
+    if found is not None and "epsilon" in found.scalars:
+        value = found.scalars["epsilon"]
+        if value is None or isinstance(value, float):
+            return value
+    low = _compose_lower(merged, fine, coarsest, tail, delta)
+    disk_cache.store(
+        "shuffle-lower-epsilon", CACHE_VERSION, key, {}, {"epsilon": low}, sources=CACHE_SOURCES
+    )
+    return low
 
 
 def shuffle_rounds_epsilon(
@@ -169,7 +263,7 @@ def shuffle_rounds_epsilon(
         pld_discretization(n=s.n, sigma=s.sigma, rate=s.rate, m=s.m) for s in merged
     )
     tail = pld_tail(delta, sum(merged.values()))
-    upper = compose_powers([(_upper(s, discretization, tail), k) for s, k in merged.items()])
+    upper = compose_arrays([(_upper(s, discretization, tail), k) for s, k in merged.items()])
     epsilon = epsilon_for_delta(upper, delta)
     low: float | None = None
     if lower:

@@ -15,17 +15,41 @@ bounded (measured at a few 1e-11 per round).
 
 from __future__ import annotations
 
-from ...limits import PldRangeError
-from .pair import (
-    GEOMETRIC_FALLBACK_TERMS,
-    GEOMETRIC_MAX_TERMS,
-    MAX_GRID_POINTS,
-    MAX_LATTICE_POINTS,
-    ShuffleGaussianPair,
-    pld_tail,
-)
-from .pmf import pld_discretization, shuffle_gaussian_pair, shuffle_gaussian_pld, symmetric_pmf
-from .queries import shuffle_gaussian_delta, shuffle_gaussian_epsilon
+from typing import TYPE_CHECKING
+
+from ...._lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names below, for type checkers; at run time they load on first use
+    from ...limits import PldRangeError
+    from .pair import (
+        GEOMETRIC_FALLBACK_TERMS,
+        GEOMETRIC_MAX_TERMS,
+        MAX_GRID_POINTS,
+        MAX_LATTICE_POINTS,
+        ShuffleGaussianPair,
+        pld_discretization,
+        pld_tail,
+    )
+    from .pmf import shuffle_gaussian_pair, shuffle_gaussian_pld, symmetric_pmf
+    from .queries import shuffle_gaussian_delta, shuffle_gaussian_epsilon
+
+# The grid and tail choices (.pair) load without dp_accounting or scipy's statistics, so that a
+# query answered from the on-disk cache (.rounds) never imports them.
+_LAZY: dict[str, str] = {
+    "PldRangeError": "...limits",
+    "GEOMETRIC_FALLBACK_TERMS": ".pair",
+    "GEOMETRIC_MAX_TERMS": ".pair",
+    "MAX_GRID_POINTS": ".pair",
+    "MAX_LATTICE_POINTS": ".pair",
+    "ShuffleGaussianPair": ".pair",
+    "pld_discretization": ".pair",
+    "pld_tail": ".pair",
+    "shuffle_gaussian_pair": ".pmf",
+    "shuffle_gaussian_pld": ".pmf",
+    "symmetric_pmf": ".pmf",
+    "shuffle_gaussian_delta": ".queries",
+    "shuffle_gaussian_epsilon": ".queries",
+}
 
 __all__ = [
     "PldRangeError",
@@ -42,3 +66,6 @@ __all__ = [
     "GEOMETRIC_MAX_TERMS",
     "GEOMETRIC_FALLBACK_TERMS",
 ]
+
+# PEP 562: each public name is imported from its module on first use.
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import signal
 
 from ...limits import PldRangeError, check_memory
 from .pair import (
@@ -97,6 +96,9 @@ def _term_lattice(a: float, rate: float, x_max: float, step: float) -> tuple[int
 
 
 def _convolve(a: tuple[int, np.ndarray], b: tuple[int, np.ndarray]) -> tuple[int, np.ndarray]:
+    # Imported here: the work limits' estimate (lattice_points) loads this module on its own.
+    from scipy import signal
+
     # FFT noise is left signed here (it averages out) and set to zero once, at the end.
     return a[0] + b[0], signal.convolve(a[1], b[1], method="auto")
 

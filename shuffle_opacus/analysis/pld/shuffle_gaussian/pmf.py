@@ -21,7 +21,6 @@ from ..common import check_discretization, check_tail
 from .geometric import _geometric_pair
 from .lattice import _lattice_pair
 from .pair import (
-    _GRID_PER_SD,
     COARSE_LATTICE_STEP,
     DEFAULT_SPREAD,
     GEOMETRIC_FALLBACK_TERMS,
@@ -31,6 +30,7 @@ from .pair import (
     _check_setting,
     _lattice_step,
     _report_cut,
+    pld_discretization,
 )
 
 
@@ -83,37 +83,6 @@ def shuffle_gaussian_pair(
     if spread >= 1.0:
         raise ValueError(f"spread must be in (0, 1). Found {spread!r}.")
     return _cached_pair(n, terms, gamma, sigma, tail, spread)
-
-
-#: Finest default loss grid step (see :func:`pld_discretization`).
-_FINEST_GRID = 2.0**-40
-
-
-def pld_discretization(
-    *, n: int, sigma: float, rate: float | None = None, m: int | None = None
-) -> float:
-    """Default loss grid step: about 1/64 of one round's privacy-loss standard deviation.
-
-    A power of two between ``2^-40`` and ``2^-10``, computed from the variance of ``S``
-    (``N gamma (e^{1/sigma^2} - 1)``), so that rounds with nearby settings share a grid. The
-    step follows the loss scale, not ``n``: the grids of one round and of their composition then
-    hold about as many points at ``n = 10^9`` as at ``10^5`` (docs/maths.md, "Cost at large
-    n"). The floor ``2^-40`` (about ``1e-12``) stays far above the rounding of a loss
-    ``log(1 + s/n)`` in double precision (about ``1e-16``); it was ``2^-27`` (``7e-9``), which
-    at check-in with ``n = 10^9``, rate ``10^-4`` and sigma 5 left a round's loss standard
-    deviation 8.6 grid steps wide instead of 64.
-
-    Returns:
-        The grid step ``d`` of the loss.
-
-    Raises:
-        ValueError: on an out-of-range argument.
-    """
-    n, sigma, gamma, terms = _check_setting(n, sigma, rate, m)
-    sd = math.sqrt(terms * gamma * math.expm1(1.0 / sigma**2)) / n
-    sd = min(sd, 1.0)  # n = 1: the loss of one Gaussian report has sd 1/sigma
-    exponent = math.floor(math.log2(max(sd / _GRID_PER_SD, _FINEST_GRID)))
-    return 2.0 ** min(exponent, -10)
 
 
 def _pmf(
