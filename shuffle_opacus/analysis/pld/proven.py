@@ -129,63 +129,145 @@ def stand_in_costs(
 
 
 def _pair_pmf(pair: ProvenPair, discretization: float, budget: float) -> pld_pmf.DensePLDPmf:
-    """Losses rounded up to the grid, the left-out mass at infinity (pessimistic).
+    """Pessimistic connect-the-dots PMF of the pair's privacy profile.
 
-    The largest losses holding at most ``budget`` of mass also go to infinity, and the smallest
-    ones holding at most ``budget`` are raised to the lowest loss kept (both raise every
-    delta), so the grid spans the bulk of the distribution only.
+    The profile ``delta(eps) = left + sum_{loss > eps} mass (1 - e^{eps - loss})`` bounds the
+    pair's hockey-stick divergence from above (the losses are upper bounds). It is evaluated on
+    the grid and turned into a PMF by ``dp_accounting``'s pessimistic connect-the-dots
+    (Doroshenko, Ghazi, Kamath, Kumar & Manurangsi, arXiv:2207.04380, Algorithm 1), whose
+    profile lies above the evaluated one at every eps (it interpolates a profile that is convex
+    in ``e^eps``). The grid stops where the profile's finite part is at most ``budget`` (the rest
+    goes to infinity) and starts at the mirror of that point or at the lowest loss, whichever is
+    higher. Rounding is then settled by :func:`_settled`.
     """
-    if pair.loss.size == 0:
-        return pld_pmf.DensePLDPmf(discretization, 0, np.zeros(1), pair.left, True)
-    order = np.argsort(pair.loss, kind="stable")
-    loss, mass = pair.loss[order], pair.mass[order]
-    below = np.cumsum(mass)
-    above = below[-1] - below  # mass strictly after each index
-    first = int(np.searchsorted(below, budget, side="right"))
-    first = min(first, loss.size - 1)
-    last = int(np.flatnonzero(above > budget)[-1]) + 1 if np.any(above > budget) else 0
-    last = max(last, first)
-    infinity = pair.left + float(mass[last + 1 :].sum())
-    index = np.ceil(loss[: last + 1] / discretization).astype(np.int64)
-    index[:first] = index[first]
-    low = int(index[0])
-    probs = np.bincount(index - low, weights=mass[: last + 1])
+    keep = pair.mass > 0
+    loss, mass = pair.loss[keep], pair.mass[keep]
+    finite = np.isfinite(loss)
+    infinity = pair.left + float(mass[~finite].sum())
+    loss, mass = loss[finite], mass[finite]
+    if loss.size == 0:
+        return pld_pmf.DensePLDPmf(discretization, 0, np.zeros(1), min(infinity, 1.0), True)
+    order = np.argsort(loss, kind="stable")
+    loss, mass = loss[order], mass[order]
+    lo = math.floor(float(loss[0]) / discretization)
+    hi = math.ceil(float(loss[-1]) / discretization)
+    index = np.arange(lo, hi + 1)
+    finite_part = _profile(loss, mass, index * discretization)
+    above = np.flatnonzero(finite_part > budget)
+    top = min(max(int(index[above[-1]]) + 1 if above.size else lo, lo), hi)
+    bottom = min(max(lo, -top), top)
+    curve = finite_part[bottom - lo : top - lo + 1] + infinity
+    deltas = np.minimum.accumulate(np.minimum(curve, 1.0))
+    if deltas.size == 1:
+        probs = np.array([1.0 - deltas[0]])
+        return pld_pmf.DensePLDPmf(discretization, bottom, probs, float(deltas[0]), True)
+    dense = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(
+        discretization, bottom, top, deltas
+    ).to_dense_pmf()
+    probs = np.array(dense._probs, dtype=float)
+    low = int(dense._lower_loss)
+    if low != bottom or probs.size != deltas.size:  # pragma: no cover - dp_accounting contract
+        raise ArithmeticError("connect-the-dots returned a PMF off the profile's grid")
+    return _settled(probs, float(dense._infinity_mass), low, discretization, deltas)
+
+
+def _settled(
+    probs: np.ndarray, infinity: float, low: int, discretization: float, deltas: np.ndarray
+) -> pld_pmf.DensePLDPmf:
+    """Make a connect-the-dots PMF a distribution whose profile is at least ``deltas``.
+
+    Connect-the-dots sets negative masses (from rounding in a profile that is convex in exact
+    arithmetic) to zero, which can leave the total a little above 1: the excess is taken off the
+    lowest grid points. Then, while the PMF's profile at a grid point lies below ``deltas``
+    (rounding again), the largest shortfall moves from the lowest points to infinity, which never
+    lowers the profile and raises it by the full amount at every point above those touched.
+    """
+    excess = math.fsum(probs) + infinity - 1.0
+    if excess > 0.0:
+        probs = probs - np.minimum(probs, np.maximum(excess - (np.cumsum(probs) - probs), 0.0))
+    grid = np.arange(low, low + probs.size) * discretization
+    for _ in range(16):
+        own = infinity + _profile(grid, probs, grid)
+        shortfall = float(np.max(deltas[: probs.size] - own[: deltas.size], initial=0.0))
+        if shortfall <= 0.0:
+            break
+        taken = np.minimum(probs, np.maximum(shortfall - (np.cumsum(probs) - probs), 0.0))
+        probs = probs - taken
+        infinity += float(taken.sum())
+    else:  # pragma: no cover - rounding larger than every mass the lowest points hold
+        raise ArithmeticError("the proven PMF's profile stays below its pair's after rounding")
     return pld_pmf.DensePLDPmf(discretization, low, probs, min(infinity, 1.0), True)
 
 
-def _grid(sd: float, rounds: int) -> float:
-    """Loss grid step: a power of two, so that rounding up costs at most ``sd sqrt(R) / 2``.
+def _profile(loss: np.ndarray, mass: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """``sum_{loss > eps} mass (1 - e^{eps - loss})`` at each ``eps`` (both sorted ascending)."""
+    j = np.searchsorted(loss, eps, side="right")  # the losses above eps are j..
+    first = int(j[0]) if j.size else loss.size
+    suffix_mass = np.concatenate((np.cumsum(mass[::-1])[::-1], [0.0]))
+    suffix = np.zeros(loss.size + 1)
+    with np.errstate(over="ignore", under="ignore"):
+        suffix[first:-1] = np.cumsum((mass[first:] * np.exp(-loss[first:]))[::-1])[::-1]
+        value = suffix_mass[j] - np.exp(eps) * suffix[j]
+    return np.clip(np.nan_to_num(value, nan=0.0, posinf=0.0, neginf=0.0), 0.0, None)
 
-    ``R`` is ``rounds`` rounded up to a power of two, so the grid changes only when the round
-    count doubles (an accountant asked every round reuses its per-round PMFs).
+
+#: Loss grid points per standard deviation of one round's loss (as the ``pld`` method's).
+_GRID_PER_SD = 64.0
+
+
+def _step(sd: float) -> float:
+    """Loss grid step: the power of two at most ``sd / 64``, between ``2^-40`` and ``2^-10``.
+
+    ``sd`` is one round's loss standard deviation. Connect-the-dots costs about the square of
+    the step per round, so the grid does not depend on the round count: an accountant asked
+    every round keeps its per-round PMFs from the first round on.
     """
-    step = sd / (2.0 * math.sqrt(rounds))
-    return 2.0 ** min(-10, max(-26, math.floor(math.log2(max(step, 2.0**-26)))))
+    step = max(sd / _GRID_PER_SD, 2.0**-40)
+    return 2.0 ** min(-10, math.floor(math.log2(step)))
 
 
 def _scale(rounds: int) -> int:
     return 1 << max(rounds - 1, 0).bit_length()
 
 
-@functools.lru_cache(maxsize=32)
-def _pair_stats(route: str, setting: ShuffleRound, k: int, tail: float) -> tuple[float, float]:
-    """Return ``(sd, span)``: the loss's standard deviation and the width of its bulk."""
+def _tail(delta: float, rounds: int, scale: int) -> float:
+    """Per-round left-out mass for ``rounds`` rounds: the one for ``scale >= rounds`` rounds.
+
+    Smaller than (or equal to) :func:`~.common.default_tail` of ``rounds``, so at most as much is
+    left out, and the same for every count up to the next power of two, so the pairs are built
+    once per doubling; the count's own where the scale's would be below the smallest tail.
+    """
+    try:
+        return default_tail(delta, max(rounds, scale))
+    except ValueError:
+        return default_tail(delta, rounds)
+
+
+@functools.lru_cache(maxsize=1024)
+def _pair_stats(
+    route: str, setting: ShuffleRound, k: int, tail: float
+) -> tuple[float, float, float]:
+    """Return ``(sd, span, left)``: the loss's standard deviation, its bulk's width, the cut.
+
+    Kept for many more levels than the pairs themselves (three numbers each), so that a level
+    search at the next doubling of the round count rebuilds no pair whose PMF is still cached.
+    """
     pair = _route_pair(route, setting, k, tail)
     if pair.mass.size == 0:
-        return 1.0, 1.0
+        return 1.0, 1.0, pair.left
     mean = float(np.dot(pair.mass, pair.loss))
     sd = math.sqrt(max(float(np.dot(pair.mass, (pair.loss - mean) ** 2)), 1e-30))
     order = np.argsort(pair.loss)
     cum = np.cumsum(pair.mass[order])
     lo = pair.loss[order][min(int(np.searchsorted(cum, tail / 4.0)), cum.size - 1)]
     hi = pair.loss[order][min(int(np.searchsorted(cum, cum[-1] - tail / 4.0)), cum.size - 1)]
-    return sd, float(hi - lo)
+    return sd, float(hi - lo), pair.left
 
 
-def _pair_grid(route: str, setting: ShuffleRound, k: int, tail: float, scale: int) -> float:
-    """Return the pair's grid step: :func:`_grid`, coarsened to 2^17 points over the bulk."""
-    sd, span = _pair_stats(route, setting, k, tail)
-    step = _grid(sd, scale)
+def _pair_grid(route: str, setting: ShuffleRound, k: int, tail: float) -> float:
+    """Return the pair's grid step: :func:`_step`, coarsened to 2^17 points over the bulk."""
+    sd, span, _ = _pair_stats(route, setting, k, tail)
+    step = _step(sd)
     while span / step > 2.0**17:
         step *= 2.0
     return step
@@ -314,7 +396,6 @@ def _evaluate(
     k: int,
     delta: float,
     tail: float,
-    scale: int,
 ) -> tuple[float, float, float, float, float]:
     """``(epsilon, delta_pld, coupling, discretization, per_report)`` at level ``k``."""
     level = _level(k)
@@ -322,12 +403,12 @@ def _evaluate(
     if eta0 + eta1 >= delta:
         return math.inf, 1.0, eta0 + eta1, 0.0, per
     try:
-        left = sum(_route_pair(route, s, k, tail).left * c for s, c in parts)
+        left = sum(_pair_stats(route, s, k, tail)[2] * c for s, c in parts)
     except PairTooLargeError:
         return math.inf, 1.0, eta0 + eta1, 0.0, per  # no bound from this route at this level
     if left >= delta:
         return math.inf, 1.0, eta0 + eta1, 0.0, per  # the pairs' own tails exceed delta
-    disc = min(_pair_grid(route, s, k, tail, scale) for s, _ in parts)
+    disc = min(_pair_grid(route, s, k, tail) for s, _ in parts)
     powers = [(_pair_powers(route, s, k, tail, disc), c) for s, c in parts]
     eps, d_pld = epsilon_with_coupling(compose_powers(powers), delta, eta0, eta1)
     coupling = eta0 + math.exp(min(eps, 700.0)) * eta1 if math.isfinite(eps) else eta0 + eta1
@@ -339,7 +420,6 @@ def _search(
     parts: Sequence[tuple[ShuffleRound, int]],
     delta: float,
     tail: float,
-    scale: int,
     give_up: float = math.inf,
 ) -> tuple[int, tuple[float, float, float, float, float]]:
     """Return the best level of ``route`` on the grid: up past infeasible ones, then downhill.
@@ -363,7 +443,7 @@ def _search(
 
     def value(i: int) -> float:
         if i not in cache:
-            cache[i] = _evaluate(route, parts, i, delta, tail, scale)
+            cache[i] = _evaluate(route, parts, i, delta, tail)
         return cache[i][0]
 
     tries = 0
@@ -392,24 +472,24 @@ def _plan(
     """
     counts = [max(1, round(w * scale)) for w in weights]
     parts = list(zip(settings, counts, strict=True))
-    tail = default_tail(delta, sum(counts))
+    tail = _tail(delta, sum(counts), scale)
     best: tuple[float, str, int] = (math.inf, "gaussian", 0)
     for route in ROUTES[:2]:
-        k, values = _search(route, parts, delta, tail, scale, give_up=2.0 * best[0])
+        k, values = _search(route, parts, delta, tail, give_up=2.0 * best[0])
         if values[0] < best[0]:
             best = (values[0], route, k)
-    gaussian = _gaussian_epsilon(parts, delta, scale)[0]
+    gaussian = _gaussian_epsilon(parts, delta)[0]
     if gaussian <= best[0]:
         return "gaussian", 0
     return best[1], best[2]
 
 
 def _gaussian_epsilon(
-    parts: Sequence[tuple[ShuffleRound, int]], delta: float, scale: int
+    parts: Sequence[tuple[ShuffleRound, int]], delta: float
 ) -> tuple[float, float, float]:
     """``(epsilon, delta_pld, discretization)`` of the local Gaussian alone."""
     q_max = max(inclusion(s) for s, _ in parts)
-    disc = _grid(math.sqrt(q_max) / parts[0][0].sigma, scale)
+    disc = _step(math.sqrt(q_max) / parts[0][0].sigma)
     composed = compose_powers([(_gaussian_powers(s, disc), c) for s, c in parts])
     eps, d_pld = epsilon_with_coupling(composed, delta, 0.0, 0.0)
     return eps, d_pld, disc
@@ -454,10 +534,10 @@ def proven_rounds_epsilon(
     scale = _scale(total)
     route, k = _plan(tuple(s for s, _ in parts), tuple(c / total for _, c in parts), delta, scale)
     if route == "gaussian":
-        eps, d_pld, disc = _gaussian_epsilon(parts, delta, scale)
+        eps, d_pld, disc = _gaussian_epsilon(parts, delta)
         return ProvenEstimate(eps, delta, route, None, None, 0.0, d_pld, 0.0, disc, 0.0)
-    tail = default_tail(delta, total)
-    eps, d_pld, coupling, disc, per = _evaluate(route, parts, k, delta, tail, scale)
+    tail = _tail(delta, total, scale)
+    eps, d_pld, coupling, disc, per = _evaluate(route, parts, k, delta, tail)
     level = _level(k)
     weight = blanket_weight(parts[0][0].sigma, level) if route == "blanket" else None
     return ProvenEstimate(eps, delta, route, level, weight, per, d_pld, coupling, disc, tail)

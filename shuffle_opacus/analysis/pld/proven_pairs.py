@@ -26,6 +26,7 @@ __all__ = [
     "blanket_scale",
     "blanket_weight",
     "expected_others",
+    "half_windows",
     "inclusion",
     "proven_pair",
     "window",
@@ -97,6 +98,15 @@ def window(trials: int, prob: float, tail: float) -> tuple[int, int]:
     return max(0, lo - 1), min(trials, hi + 1)
 
 
+def half_windows(trials: np.ndarray, tail: float) -> np.ndarray:
+    """``window(t, 0.5, tail)[0]`` for every ``t`` of ``trials`` at once (the same integers)."""
+    trials = np.asarray(trials, dtype=np.int64)
+    with np.errstate(invalid="ignore"):
+        lo = binom.ppf(tail / 2.0, trials, 0.5)
+    lo = np.where(trials > 0, np.nan_to_num(lo, nan=0.0), 0.0).astype(np.int64)
+    return np.maximum(0, lo - 1)
+
+
 def _log_binom_pmf(k: np.ndarray, trials: int, prob: float) -> np.ndarray:
     if trials == 0 or prob == 0.0:
         return np.where(k == 0, 0.0, -np.inf)
@@ -152,7 +162,7 @@ def _enumerate(
     t_lo = min(lo + br.adds for (lo, _), br in zip(windows, branches, strict=True))
     t_hi = max(hi + br.adds for (_, hi), br in zip(windows, branches, strict=True))
     t = np.arange(t_lo, t_hi + 1)
-    half = np.array([window(int(c), 0.5, tail / 8.0)[0] for c in t])
+    half = half_windows(t, tail / 8.0)
     lo_a = np.maximum(half - 1, 0)
     widths = t - 2 * lo_a + 1
     _check_cells(float(widths.sum()))
@@ -293,9 +303,10 @@ def blanket_pair(setting: ShuffleRound, p: float, tail: float) -> ProvenPair:
     t_hi += 1
     c_hi += 1
     cs = np.arange(c_lo, c_hi + 1)
+    halves = half_windows(np.arange(t_lo, t_hi + 1), piece)
     cells = 0.0
     for t in range(t_lo, t_hi + 1):
-        edge = max(window(t, 0.5, piece)[0] - 1, 0)
+        edge = max(int(halves[t - t_lo]) - 1, 0)
         cells += (t - 2 * edge + 1) * cs.size
     _check_cells(cells)
     # Conditional law of the blanket count: among the users not counted, each is blanket with
@@ -304,7 +315,7 @@ def blanket_pair(setting: ShuffleRound, p: float, tail: float) -> ProvenPair:
     parts_a, parts_b, parts_c, parts_m = [], [], [], []
     ln2 = math.log(2.0)
     for t in range(t_lo, t_hi + 1):
-        half = window(t, 0.5, piece)[0]
+        half = int(halves[t - t_lo])
         a = np.arange(max(half - 1, 0), t - max(half - 1, 0) + 1)
         b = t - a
         log_total = np.full((a.size, cs.size), -np.inf)
