@@ -45,6 +45,9 @@ _UNSIGNED_FORMAT = 2
 #: Config fields that may differ between a checkpoint and the run's config.yaml: where the run
 #: executes, not what it computes.
 PLACEMENT_FIELDS = ("device", "threads", "checkpoint_minutes")
+#: ``data`` keys added with the dataset registry, and the value every earlier run had: left out
+#: of the comparison while they hold it, so that a run started before them still resumes.
+ADDED_DATA_KEYS: dict[str, Any] = {"name": "mnist", "path": None}
 _KEYS: dict[str, type | tuple[type, ...]] = {
     "format": int,
     "config": dict,
@@ -66,6 +69,8 @@ _SIGNED_KEYS: dict[str, type | tuple[type, ...]] = {"checksum": str, "epsilon_sh
 def comparable(config: ExperimentConfig) -> dict[str, Any]:
     """Return the config as plain data without the placement fields (:data:`PLACEMENT_FIELDS`).
 
+    The ``data`` keys of :data:`ADDED_DATA_KEYS` are left out when they hold their value there.
+
     Args:
         config: A validated config.
 
@@ -75,6 +80,9 @@ def comparable(config: ExperimentConfig) -> dict[str, Any]:
     out = config.model_dump(mode="json")
     for name in PLACEMENT_FIELDS:
         out["training"].pop(name, None)
+    for key, value in ADDED_DATA_KEYS.items():
+        if out["data"].get(key, value) == value:
+            out["data"].pop(key, None)
     return out
 
 

@@ -26,6 +26,8 @@ from shuffle_opacus.history import MIN_DELTA
 from shuffle_opacus.protocols import resolve_sensitivity
 from shuffle_opacus.suggestions import did_you_mean
 
+from .datasets import DatasetError, check_data
+
 __all__ = [
     "BASELINES",
     "ClientsConfig",
@@ -153,14 +155,17 @@ def _accepts_float(annotation: Any) -> bool:
 
 
 class DataConfig(_Section):
-    """Where MNIST comes from and how many clients take part."""
+    """The dataset (:mod:`.datasets`), where its files are, and how many examples take part."""
 
+    #: A registered dataset: ``mnist``, ``npz`` (a user's arrays at ``path``) or one of yours.
+    name: str = Field(default="mnist", min_length=1)
     source: Literal["auto", "torchvision", "idx", "pickle"] = "auto"
     root: str | None = None
     pickle_path: str | None = None
+    path: str | None = Field(default=None, min_length=1)
     train_subset: int | None = Field(default=None, gt=0, le=MAX_CLIENTS)
     test_subset: int | None = Field(default=None, gt=0, le=MAX_CLIENTS)
-    #: ``standard``: (pixel - 0.1307) / 0.3081 (MNIST's mean and sd); ``unit``: pixels in [0, 1].
+    #: ``standard``: (x - mean) / sd, the dataset's constants; ``unit``: the arrays as loaded.
     normalize: Literal["standard", "unit"] = "standard"
 
 
@@ -266,18 +271,18 @@ class TrainingConfig(_Section):
 
 
 class ClientsConfig(_Section):
-    """User-level training: MNIST split into clients that train locally (optional section).
+    """User-level training: the training examples split into clients that train locally.
 
-    Without this section one training image is one client (example level). With it, the
-    ``data.train_subset`` images (all 60,000 by default) are split into ``count`` clients, each
-    participant trains locally from the global model and reports its clipped, noised update
-    (:func:`shuffle_opacus.clients.make_private_clients`); ``privacy.clipping_norm`` is the norm
-    of a client's whole update, the population of every epsilon is ``count`` and the optimizer
-    is the server's (SGD with ``lr: 1`` is FedAvg).
+    Without this section one training example is one client (example level). With it, the
+    ``data.train_subset`` examples (all by default) are split into ``count`` clients (seeded, or
+    ``partition: dataset``: the dataset's own), each participant trains locally and reports
+    its clipped, noised update (:func:`shuffle_opacus.clients.make_private_clients`);
+    ``privacy.clipping_norm`` bounds a client's whole update, every epsilon counts ``count``
+    clients and the optimizer is the server's (SGD with ``lr: 1`` is FedAvg).
     """
 
     count: int = Field(gt=0, le=MAX_CLIENTS)
-    partition: Literal["iid", "dirichlet", "shards"] = "iid"
+    partition: Literal["iid", "dirichlet", "shards", "dataset"] = "iid"
     #: Dirichlet concentration over the labels (``partition: dirichlet``).
     alpha: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     #: Label shards per client (``partition: shards``).
@@ -337,7 +342,10 @@ class ExperimentConfig(_Section):
                 raise ConfigError(
                     f"protocol.{field} applies to {' and '.join(users)} only, got {value!r}"
                 )
-        examples = self.data.train_subset or 60000
+        try:
+            examples = check_data(self.data, self.clients)
+        except DatasetError as exc:
+            raise ConfigError(str(exc)) from None
         clients = examples if self.clients is None else self.clients.count
         if self.clients is not None:
             self._check_clients(self.clients, examples)
@@ -356,8 +364,6 @@ class ExperimentConfig(_Section):
                 f"optimizer.warmup must be < training.rounds ({self.training.rounds}), got "
                 f"{self.optimizer.warmup}"
             )
-        if self.data.source in ("torchvision", "idx") and self.data.root is None:
-            raise ConfigError(f"data.root is required for data.source {self.data.source}, got null")
         if len(set(self.privacy.accountants)) != len(self.privacy.accountants):
             raise ConfigError(
                 f"privacy.accountants must not repeat a name, got {self.privacy.accountants}"
@@ -373,7 +379,7 @@ class ExperimentConfig(_Section):
     def _check_clients(self, c: ClientsConfig, examples: int) -> None:
         if c.count > examples:
             raise ConfigError(
-                f"clients.count must be <= the number of training images ({examples}), got "
+                f"clients.count must be <= the number of training examples ({examples}), got "
                 f"{c.count}"
             )
         if (c.local_steps is None) == (c.local_epochs is None):

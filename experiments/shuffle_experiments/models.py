@@ -1,4 +1,8 @@
-"""Models for the MNIST experiment (inputs ``N x 1 x 28 x 28``, 10 logits).
+"""Models for the experiment: MNIST's inputs ``N x 1 x 28 x 28`` and 10 logits by default.
+
+A dataset of the registry (:mod:`.datasets`) fixes the shape ``S`` of one example and the number
+of classes; :func:`build_model` passes both on. The MLP takes any shape (it flattens); the CNNs
+are built for MNIST's ``1 x 28 x 28`` images and refuse another shape in one line.
 
 The CNNs pool with :class:`~shuffle_experiments.pooling.FastMaxPool2d`, an ``nn.MaxPool2d``
 whose results are the same bit for bit and whose CPU forward pass is faster: the models, their
@@ -7,19 +11,42 @@ whose results are the same bit for bit and whose CPU forward pass is faster: the
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from torch import nn
 
 from .pooling import FastMaxPool2d
 
-__all__ = ["MODELS", "build_model"]
+__all__ = ["MNIST_SHAPE", "MODELS", "build_model"]
+
+#: The shape of one MNIST image, which the CNNs take.
+MNIST_SHAPE = (1, 28, 28)
 
 
-def cnn() -> nn.Module:
+def _images_only(name: str, input_shape: Sequence[int]) -> None:
+    if tuple(input_shape) != MNIST_SHAPE:
+        shape = " x ".join(str(d) for d in input_shape)
+        raise ValueError(
+            f"model.name {name} takes 1 x 28 x 28 images, the data's examples are {shape}; "
+            "use model.name mlp, which takes any shape"
+        )
+
+
+def cnn(input_shape: Sequence[int] = MNIST_SHAPE, num_classes: int = 10) -> nn.Module:
     """Return the small tanh CNN commonly used for DP-SGD on MNIST (26,010 parameters).
 
     Two strided convolutions with max-pooling, then two linear layers; no batch norm, so
     per-sample gradients are well defined.
+
+    Args:
+        input_shape: The shape of one example; only ``(1, 28, 28)``.
+        num_classes: Outputs (10 for MNIST).
+
+    Raises:
+        ValueError: for another input shape.
     """
+    _images_only("cnn", input_shape)
     return nn.Sequential(
         nn.Conv2d(1, 16, 8, stride=2, padding=3),
         nn.Tanh(),
@@ -30,17 +57,25 @@ def cnn() -> nn.Module:
         nn.Flatten(),
         nn.Linear(32 * 4 * 4, 32),
         nn.Tanh(),
-        nn.Linear(32, 10),
+        nn.Linear(32, num_classes),
     )
 
 
-def cnn_small() -> nn.Module:
+def cnn_small(input_shape: Sequence[int] = MNIST_SHAPE, num_classes: int = 10) -> nn.Module:
     """Return a narrower tanh CNN for heavy local noise (5,154 parameters).
 
     The layout of :func:`cnn` with half the filters and no hidden linear layer: the noise every
     client adds is spread over five times fewer coordinates, so each round's averaged update
     carries about 2.2 times less noise in norm for the same clipped signal.
+
+    Args:
+        input_shape: The shape of one example; only ``(1, 28, 28)``.
+        num_classes: Outputs (10 for MNIST).
+
+    Raises:
+        ValueError: for another input shape.
     """
+    _images_only("cnn_small", input_shape)
     return nn.Sequential(
         nn.Conv2d(1, 8, 8, stride=2, padding=3),
         nn.Tanh(),
@@ -49,24 +84,42 @@ def cnn_small() -> nn.Module:
         nn.Tanh(),
         FastMaxPool2d(2, 1),
         nn.Flatten(),
-        nn.Linear(16 * 4 * 4, 10),
+        nn.Linear(16 * 4 * 4, num_classes),
     )
 
 
-def mlp() -> nn.Module:
-    """Return a 784-128-10 multilayer perceptron (101,770 parameters)."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+def mlp(input_shape: Sequence[int] = MNIST_SHAPE, num_classes: int = 10) -> nn.Module:
+    """Return a multilayer perceptron with one hidden layer of 128 ReLU units.
+
+    On MNIST it is 784-128-10 (101,770 parameters).
+
+    Args:
+        input_shape: The shape of one example (flattened).
+        num_classes: Outputs.
+    """
+    features = math.prod(input_shape)
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(features, 128), nn.ReLU(), nn.Linear(128, num_classes)
+    )
 
 
 MODELS = {"cnn": cnn, "cnn_small": cnn_small, "mlp": mlp}
 
 
-def build_model(name: str) -> nn.Module:
+def build_model(
+    name: str, input_shape: Sequence[int] = MNIST_SHAPE, num_classes: int = 10
+) -> nn.Module:
     """Return a fresh model by name (``cnn``, ``cnn_small`` or ``mlp``).
 
+    Args:
+        name: The model.
+        input_shape: The shape of one example (the dataset's; MNIST's by default).
+        num_classes: Outputs (the dataset's number of classes).
+
     Raises:
-        ValueError: for an unknown name.
+        ValueError: for an unknown name, or a CNN asked for examples that are not
+            ``1 x 28 x 28`` images.
     """
     if name not in MODELS:
         raise ValueError(f"model.name must be one of {', '.join(MODELS)}, got {name!r}")
-    return MODELS[name]()
+    return MODELS[name](tuple(input_shape), num_classes)

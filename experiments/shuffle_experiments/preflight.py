@@ -17,11 +17,9 @@ from shuffle_opacus import get_protocol
 from shuffle_opacus.plan_checks import check_plan_values
 
 from .config import ConfigError, ExperimentConfig
+from .datasets import MNIST_TRAIN_IMAGES, DatasetError, check_data
 
 __all__ = ["CONFIG_NAMES", "MNIST_TRAIN_IMAGES", "check_plan"]
-
-#: Images in MNIST's training set: the population when ``data.train_subset`` is not given.
-MNIST_TRAIN_IMAGES = 60_000
 
 #: How the messages of :func:`check_plan` name the plan's values: by their config keys.
 CONFIG_NAMES = {
@@ -35,9 +33,9 @@ CONFIG_NAMES = {
 def check_plan(config: ExperimentConfig) -> None:
     """Refuse a config whose training plan the library would refuse, before any file exists.
 
-    The population is ``clients.count`` at user level, else ``data.train_subset`` (all
-    60,000 training images by default); the parameters' dtype is torch's default, in which the
-    models are built.
+    The population is ``clients.count`` at user level, else ``data.train_subset`` (all the
+    dataset's training examples by default, MNIST's 60,000); the parameters' dtype is torch's
+    default, in which the models are built.
 
     Args:
         config: A validated config.
@@ -46,7 +44,10 @@ def check_plan(config: ExperimentConfig) -> None:
         ConfigError: one line naming the config key and its allowed range.
     """
     p = config.protocol
-    examples = config.data.train_subset or MNIST_TRAIN_IMAGES
+    try:
+        examples = check_data(config.data, config.clients)
+    except DatasetError as exc:
+        raise ConfigError(str(exc)) from None
     population = examples if config.clients is None else config.clients.count
     record = get_protocol(p.kind)
     try:

@@ -1,6 +1,6 @@
 """One training session: the data, the model, the engine and the round, at either level.
 
-:class:`ExampleSession` trains with :func:`shuffle_opacus.make_private` (one image is one client),
+:class:`ExampleSession` trains with :func:`shuffle_opacus.make_private` (one example, one client),
 :class:`UserSession` with :func:`shuffle_opacus.clients.make_private_clients` (clients train
 locally); :func:`open_session` builds the one the config asks for.
 """
@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from opacus import PrivacyEngine
 from torch import nn
@@ -26,6 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import shuffle_opacus
 from shuffle_opacus import get_protocol
 from shuffle_opacus.clients import (
+    ClientPartition,
     FederatedTrainer,
     dirichlet_partition,
     iid_partition,
@@ -38,7 +38,7 @@ from shuffle_opacus.sampling import ShuffleRoundSampler
 from .checkpoint import CHECKPOINT_FORMAT, comparable
 from .config import ConfigError, ExperimentConfig
 from .curves import EpsilonCurves
-from .data import load_mnist
+from .datasets import MNIST_MEAN, MNIST_STD, DatasetError, dataset_tensors
 from .models import build_model
 
 __all__ = [
@@ -53,39 +53,7 @@ __all__ = [
 ]
 
 
-#: Mean and standard deviation of MNIST training pixels in [0, 1], used to standardise inputs.
-MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
-
-
 _EVAL_BATCH = 2000
-
-
-def _tensors(config: ExperimentConfig) -> tuple[torch.Tensor, ...]:
-    d = config.data
-    mnist = load_mnist(d.source, d.root, d.pickle_path)
-    train_x, train_y, test_x, test_y = mnist.normalized()
-    if d.train_subset is not None:
-        if d.train_subset > train_x.shape[0]:
-            raise ConfigError(
-                f"data.train_subset must be <= {train_x.shape[0]} (the training set), got "
-                f"{d.train_subset}"
-            )
-        train_x, train_y = train_x[: d.train_subset], train_y[: d.train_subset]
-    if d.test_subset is not None:
-        test_x, test_y = test_x[: d.test_subset], test_y[: d.test_subset]
-
-    def images(x: np.ndarray) -> torch.Tensor:
-        pixels = torch.from_numpy(x)
-        if d.normalize == "standard":
-            pixels = (pixels - MNIST_MEAN) / MNIST_STD
-        return pixels.unsqueeze(1).contiguous()
-
-    return (
-        images(train_x),
-        torch.from_numpy(train_y).long(),
-        images(test_x),
-        torch.from_numpy(test_y).long(),
-    )
 
 
 def _optimizer(config: ExperimentConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -171,12 +139,22 @@ class Session(abc.ABC):
         self.run_dir = run_dir
         torch.set_num_threads(config.training.threads)
         self.device = resolve_device(config.training.device)
+        try:
+            data = dataset_tensors(config.data)
+        except DatasetError as exc:
+            raise ConfigError(str(exc)) from None
         self.train_x, self.train_y, self.test_x, self.test_y = (
-            t.to(self.device) for t in _tensors(config)
+            t.to(self.device) for t in (data.train_x, data.train_y, data.test_x, data.test_y)
         )
+        #: The client of every training example in the dataset's own partition, or None.
+        self.train_client = data.train_client
         self.population = int(self.train_x.shape[0])
         torch.manual_seed(config.seed)
-        model = build_model(config.model.name).to(self.device)
+        try:  # a CNN refuses examples that are not 1 x 28 x 28 images, before drawing weights
+            model = build_model(config.model.name, data.input_shape, data.num_classes)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        model = model.to(self.device)
         optimizer = _optimizer(config, model)
         # Copied before Opacus attaches its hooks to the model's layers.
         self.average = _Average(model, config.training.ema) if config.training.ema else None
@@ -271,7 +249,7 @@ class Session(abc.ABC):
 
 
 class ExampleSession(Session):
-    """One MNIST training image is one client: :func:`shuffle_opacus.make_private`."""
+    """One training example is one client: :func:`shuffle_opacus.make_private`."""
 
     optimizer: LocalNoiseDPOptimizer
 
@@ -352,10 +330,12 @@ class UserSession(Session):
             partition = iid_partition(labels.size, c.count, seed=config.seed)
         elif c.partition == "dirichlet":
             partition = dirichlet_partition(labels, c.count, alpha=c.alpha, seed=config.seed)
-        else:
+        elif c.partition == "shards":
             partition = shard_partition(
                 labels, c.count, shards_per_client=c.shards_per_client, seed=config.seed
             )
+        else:  # the dataset's own (the config checked that it has one of clients.count)
+            partition = ClientPartition.from_client_ids(self.train_client, num_clients=c.count)
         self.trainer = make_private_clients(
             self.engine,
             module=model,

@@ -38,6 +38,8 @@ _PROTECTED = (
     "privacy.delta",
     "privacy.noise_mode",
     "data.train_subset",
+    "data.name",  # another dataset: another population, another setting
+    "data.path",
 )
 _SWEEP_KEYS = {"base", "set", "grid", "trials"}
 

@@ -107,7 +107,7 @@ def test_users_flower_config_has_the_flower_runs_epsilon():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        (["clients.count=3000"], "clients.count must be <= the number of training images (2000)"),
+        (["clients.count=3000"], "clients.count must be <= the number of training examples (2000)"),
         (["clients.local_epochs=1"], "exactly one of local_steps and local_epochs"),
         (["clients.partition=iid"], "clients.alpha applies to partition dirichlet only"),
         (["clients.alpha=null"], "clients.alpha is required for clients.partition dirichlet"),
