@@ -17,7 +17,7 @@ from ._validation import MAX_INT, check_int, check_positive, check_probability
 from .releases import MAX_ROUND, ReleaseRecord
 
 if TYPE_CHECKING:
-    from .accountants import ShuffleAccountantBase
+    from .releases import ReleasingAccountant
 
 __all__ = ["HistoryRollbackWarning", "load_state", "read_history", "read_released", "state_of"]
 
@@ -81,7 +81,7 @@ def read_history(
 
 
 def state_of(
-    accountant: ShuffleAccountantBase, destination: Mapping[str, Any] | None = None
+    accountant: ReleasingAccountant, destination: Mapping[str, Any] | None = None
 ) -> Mapping[str, Any]:
     """Return ``accountant``'s state (see :meth:`ShuffleAccountantBase.state_dict`).
 
@@ -146,7 +146,7 @@ def read_released(state_dict: Mapping[str, Any], rounds: int) -> ReleaseRecord:
     return record
 
 
-def load_state(accountant: ShuffleAccountantBase, state_dict: Mapping[str, Any]) -> None:
+def load_state(accountant: ReleasingAccountant, state_dict: Mapping[str, Any]) -> None:
     """Load ``state_dict`` into ``accountant`` (see :meth:`ShuffleAccountantBase.load_state_dict`).
 
     Args:

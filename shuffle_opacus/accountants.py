@@ -36,6 +36,7 @@ from .history import history_epsilon
 from .protocols import Protocol, protocol_for_accountant, resolve_sensitivity
 from .release_registry import REGISTRY
 from .releases import ReleaseRecord, ReplayError
+from .step_guard import HELPER_HINT as _HELPER_HINT
 from .step_guard import follow_sampler
 
 __all__ = [
@@ -47,11 +48,6 @@ __all__ = [
     "HistoryRollbackWarning",
     "register_all",
 ]
-
-_HELPER_HINT = (
-    "use shuffle_opacus.make_private(engine, ...) (or shuffle_opacus.make_private_with_epsilon), "
-    "which adds each client's local noise and configures the accountant"
-)
 
 
 class ShuffleAccountantBase(IAccountant):

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from .releases import ReleaseRecord, ReplayError
 
 if TYPE_CHECKING:
-    from .accountants import ShuffleAccountantBase
+    from .releases import ReleasingAccountant
 
 __all__ = [
     "REGISTRY",
@@ -205,7 +205,7 @@ class Binding:
 
     number: int
     where: str
-    accountant: ShuffleAccountantBase
+    accountant: ReleasingAccountant
     data: DataIdentity
     seed: int
     sampling: tuple[str, int, float]
@@ -297,7 +297,7 @@ class ReleaseRegistry:
 
     def new_binding(
         self,
-        accountant: ShuffleAccountantBase,
+        accountant: ReleasingAccountant,
         data: DataIdentity,
         *,
         seed: int,
@@ -412,7 +412,7 @@ class ReleaseRegistry:
             stacklevel=_outside()[1],
         )
 
-    def binding_for(self, accountant: ShuffleAccountantBase, seed: int) -> Binding | None:
+    def binding_for(self, accountant: ReleasingAccountant, seed: int) -> Binding | None:
         """Return the latest binding of ``accountant`` and ``seed``, or ``None``.
 
         Args:

@@ -24,11 +24,19 @@ releases its index again, whatever label or seed it uses, such a round ``t`` mak
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from ._validation import _found, check_int
 
-__all__ = ["MAX_ROUND", "MAX_SEED", "ReleaseRecord", "ReplayError", "check_seed"]
+__all__ = [
+    "MAX_ROUND",
+    "MAX_SEED",
+    "ReleaseRecord",
+    "ReleasingAccountant",
+    "ReplayError",
+    "check_seed",
+]
 
 #: Largest round index a sampler may release (the rounds' seeds are 64-bit spawn keys).
 MAX_ROUND = 2**63 - 1
@@ -264,3 +272,65 @@ class ReleaseRecord:
         staged._runs = entries
         record.merge(staged)
         return record
+
+
+class ReleasingAccountant(Protocol):
+    """What the state, registry and step-guard modules need of a shuffle accountant.
+
+    :class:`~shuffle_opacus.accountants.ShuffleAccountantBase` satisfies it; the modules that
+    serve it annotate with this protocol instead of importing the class, so that none of them
+    imports :mod:`shuffle_opacus.accountants` (which imports them).
+    """
+
+    name: str
+    history: list[tuple[float, float, int]]
+    population: int | None
+    sensitivity: float
+    method: str | None
+    sample_size: int | None
+    releases: ReleaseRecord
+
+    def mechanism(self) -> str:
+        """Return the mechanism's name in the mechanism table."""
+        ...
+
+    def spec(self) -> Any:
+        """Return the accountant's protocol (:class:`~shuffle_opacus.protocols.Protocol`)."""
+        ...
+
+    def configure(
+        self,
+        *,
+        population: int,
+        sensitivity: float | str = "replace-one",
+        method: str | None = None,
+        sample_size: int | None = None,
+    ) -> Any:
+        """Set the population, sensitivity, method and sample size."""
+        ...
+
+    def get_epsilon(self, delta: float, max_order: int | None = None) -> float:
+        """Return epsilon at ``delta`` of the rounds recorded."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def _require_configured(self, what: str) -> None: ...
+
+    def _check_rates(
+        self, history: Sequence[tuple[Any, Any, Any]], population: int, sample_size: int | None
+    ) -> None: ...
+
+    def _check_step(self, noise_multiplier: float, sample_rate: float) -> tuple[float, float]: ...
+
+    def release(
+        self,
+        seed: int,
+        t: int,
+        *,
+        noise_multiplier: float,
+        sample_rate: float,
+        secret: bool = False,
+    ) -> None:
+        """Record the release of round ``t`` of the sampler seeded ``seed``, once."""
+        ...

@@ -31,9 +31,15 @@ from typing import TYPE_CHECKING, Any
 from ._validation import check_positive, check_probability
 
 if TYPE_CHECKING:
-    from .accountants import ShuffleAccountantBase
+    from .releases import ReleasingAccountant
 
-__all__ = ["RoundQueue", "StepGuard", "follow_sampler"]
+__all__ = ["HELPER_HINT", "RoundQueue", "StepGuard", "follow_sampler"]
+
+HELPER_HINT = (
+    "use shuffle_opacus.make_private(engine, ...) (or shuffle_opacus.make_private_with_epsilon), "
+    "which adds each client's local noise and configures the accountant"
+)
+"""How to give an accountant local noise (named in the errors of the accountants and the guard)."""
 
 #: Rounds ``(t, size)`` one loader iteration released and has not delivered yet, oldest first.
 RoundQueue = deque[tuple[int, int]]
@@ -149,7 +155,7 @@ class StepGuard:
 
 
 def follow_sampler(
-    accountant: ShuffleAccountantBase, sampler: Any, *, noise_multiplier: float
+    accountant: ReleasingAccountant, sampler: Any, *, noise_multiplier: float
 ) -> Callable[[Any], None]:
     """Make ``accountant`` follow ``sampler``; return the optimizer's step hook.
 
@@ -167,8 +173,6 @@ def follow_sampler(
     Raises:
         ValueError: as the method documents.
     """
-    from .accountants import _HELPER_HINT
-
     accountant._require_configured("the optimizer hook")
     sigma = check_positive("noise_multiplier", noise_multiplier)
     spec = accountant.spec()
@@ -195,7 +199,7 @@ def follow_sampler(
         from .noise import LocalNoiseDPOptimizer
 
         if not isinstance(optimizer, LocalNoiseDPOptimizer):
-            raise ValueError(f"the {accountant.name} accountant needs local noise: {_HELPER_HINT}.")
+            raise ValueError(f"the {accountant.name} accountant needs local noise: {HELPER_HINT}.")
         if optimizer.noise_multiplier != sigma or optimizer.accounting_sample_rate != rate:
             raise ValueError(
                 f"the {accountant.name} accountant records noise_multiplier={sigma!r} and "

@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
+from .._validation import MAX_ORDER
 from .costs import (
     _AUTO_START,
     _calibrate_drivers,
@@ -34,6 +35,14 @@ from .costs import (
     calibrate_seconds,
     rdp_stage_seconds,
     shuffle_pld_seconds,
+)
+from .memory import (
+    MAX_MEMORY_BYTES,
+    MemoryLimitError,
+    PldRangeError,
+    check_memory,
+    memory_budget,
+    memory_limit,
 )
 
 __all__ = [
@@ -61,12 +70,6 @@ __all__ = [
     "check_memory",
 ]
 
-MAX_ORDER = 1 << 15
-"""Largest Rényi order any function of the package evaluates (32768). Theorem 1 at this order
-takes about 40 s for ``n >= L``; beyond it the ``O(L^2)`` series and their work arrays grow
-without bound while the conversion gains nothing measurable (Lemma 2's floor at ``L = 32768``
-and ``delta = 1e-5`` is 3.5e-6)."""
-
 CLI_MAX_SECONDS = 60.0
 """Largest estimated cost the ``shuffle-opacus`` command accepts."""
 
@@ -76,78 +79,6 @@ API_MAX_SECONDS = 600.0
 
 class WorkLimitError(ValueError):
     """A request whose estimated cost exceeds the budget (a one-line ``ValueError``)."""
-
-
-class PldRangeError(ValueError):
-    """A valid setting the shuffle Gaussian's ``pld`` engines cannot evaluate.
-
-    Raised for an analysis sigma below the method's floor, or one so small that the lattice or
-    the loss grid would exceed its size limit; a Rényi-DP method still bounds such a setting.
-    """
-
-
-class MemoryLimitError(PldRangeError):
-    """A plan whose estimated memory exceeds the limit (:func:`memory_limit`), before allocating.
-
-    A :class:`PldRangeError`, so the default method of the shuffle mechanisms falls back to the
-    Rényi bound with a one-line note; a method asked for by name raises it as a one-line
-    ``ValueError`` naming the parameter to lower.
-    """
-
-
-MAX_MEMORY_BYTES = 4 << 30
-"""Default limit on the estimated memory of one large allocation plan (4 GiB)."""
-
-_MEMORY: contextvars.ContextVar[int] = contextvars.ContextVar(
-    "shuffle_opacus_memory_limit", default=MAX_MEMORY_BYTES
-)
-
-
-@contextlib.contextmanager
-def memory_limit(nbytes: int) -> Iterator[None]:
-    """Limit the estimated memory of each allocation plan run inside the block.
-
-    Args:
-        nbytes: Bytes allowed (integer >= 1).
-
-    Raises:
-        ValueError: if ``nbytes`` is not an integer >= 1.
-    """
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
-        raise ValueError(f"nbytes must be an integer >= 1. Found {nbytes!r}.")
-    token = _MEMORY.set(nbytes)
-    try:
-        yield
-    finally:
-        _MEMORY.reset(token)
-
-
-def memory_budget() -> int:
-    """Return the bytes one allocation plan may use (:data:`MAX_MEMORY_BYTES` by default)."""
-    return _MEMORY.get()
-
-
-def _bytes(value: float) -> str:
-    return f"{value / 2**30:.3g} GiB" if value >= 2**28 else f"{value / 2**20:.3g} MiB"
-
-
-def check_memory(nbytes: float, what: str, parameter: str) -> None:
-    """Refuse, before allocating, a plan whose estimated memory exceeds :func:`memory_budget`.
-
-    Args:
-        nbytes: Estimated peak bytes of the plan.
-        what: What would be allocated (for the message), e.g. ``"the composition of 100 rounds"``.
-        parameter: The parameter whose lowering shrinks the plan (named in the message).
-
-    Raises:
-        MemoryLimitError: one line naming ``parameter``, the estimate and the limit.
-    """
-    limit = memory_budget()
-    if nbytes > limit:
-        raise MemoryLimitError(
-            f"{what} needs about {_bytes(nbytes)}, over the {_bytes(limit)} memory limit; "
-            f"lower {parameter}."
-        )
 
 
 def largest_within(cost: Callable[[int], float], low: int, high: int, budget: float) -> int | None:

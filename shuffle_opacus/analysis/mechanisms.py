@@ -27,6 +27,7 @@ from . import methods as _m
 from .limits import charge, largest_within, rdp_stage_seconds, report_progress
 from .methods import RdpFactory, RdpFn
 from .options import CLONES_METHODS, KRR_ADVERSARIES, LDP_SHUFFLE_METHODS
+from .setting import RoundSetting
 
 if TYPE_CHECKING:
     from .pld.rounds import PldEstimate
@@ -49,31 +50,8 @@ __all__ = [
 PARAMETERS: tuple[str, ...] = ("n", "sigma", "eps0", "m", "rate", "k", "gamma", "adversary")
 """Every mechanism parameter, in the order results display them."""
 
-_PARAMETER_ORDER = ("n", "sigma", "m", "rate")
-
 Runner = Callable[..., "list[AccountingResult]"]
 """``run(steps=..., delta=..., method=..., **parameters)``: one result per round count."""
-
-
-@dataclass(frozen=True)
-class RoundSetting:
-    """The validated parameters of one round of a mechanism (hashable, so results can be cached).
-
-    Attributes:
-        sigma: Noise parameter (unit as in the module docstring).
-        n: Number of users (shuffle mechanisms).
-        m: Users per round (``subsampled``).
-        rate: Check-in or Poisson rate.
-    """
-
-    sigma: float
-    n: int | None = None
-    m: int | None = None
-    rate: float | None = None
-
-    def as_dict(self) -> dict[str, float | int | None]:
-        """Return the parameters in display order (``n``, ``sigma``, ``m``, ``rate``)."""
-        return {name: getattr(self, name) for name in _PARAMETER_ORDER}
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ import numpy as np
 from .options import CLONES_METHODS, LDP_PAIRS, LDP_SHUFFLE_METHODS
 
 if TYPE_CHECKING:
-    from .mechanisms import RoundSetting
     from .pld.rounds import PldEstimate
     from .results import AccountingResult
+    from .setting import RoundSetting
 
 RdpFn = Callable[[np.ndarray], np.ndarray]
 """Maps a sorted array of integer orders ``>= 2`` to the RDP of one round at those orders."""

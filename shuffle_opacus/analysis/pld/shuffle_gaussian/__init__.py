@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from ...._lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers; at run time they load on first use
-    from ...limits import PldRangeError
+    from ...memory import PldRangeError
     from .pair import (
         GEOMETRIC_FALLBACK_TERMS,
         GEOMETRIC_MAX_TERMS,

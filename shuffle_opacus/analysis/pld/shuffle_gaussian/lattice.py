@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from ...limits import PldRangeError, check_memory
+from ...memory import PldRangeError, check_memory
 from .pair import (
     _MGF_BINS,
     MAX_LATTICE_POINTS,

@@ -18,7 +18,7 @@ from ...._validation import (
     check_probability,
     check_sigma,
 )
-from ...limits import PldRangeError
+from ...memory import PldRangeError
 
 #: Largest lattice for one report's term (and for the sum); about 64 MB per array.
 MAX_LATTICE_POINTS = 1 << 23

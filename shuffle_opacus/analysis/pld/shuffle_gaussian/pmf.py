@@ -16,7 +16,7 @@ from ...._validation import (
     check_int,
     check_positive,
 )
-from ...limits import PldRangeError
+from ...memory import PldRangeError
 from ..common import check_discretization, check_tail
 from .geometric import _geometric_pair
 from .lattice import _lattice_pair
