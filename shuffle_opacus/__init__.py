@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time they load o
     from .protocols import PROTOCOLS, Protocol, analysis_sigma, get_protocol
     from .sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 _LAZY: dict[str, str] = {
     "calibrate_noise_multiplier": ".calibration",

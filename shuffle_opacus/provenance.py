@@ -89,7 +89,7 @@ def provenance(
         "versions": {library: version or None}, "config_hash": ... or None, "seed": ...,
         "seed_given": ...}``.
     """
-    from . import __version__
+    from ._version import __version__
 
     return {
         "shuffle_opacus": __version__,
