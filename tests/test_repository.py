@@ -52,6 +52,10 @@ def test_readme_main_job_is_the_quick_experiment():
         value = re.search(re.escape(CURVE_LABELS[name]) + r"\s+(\S+)", text)
         assert value, f"summary lacks {name}"
         assert float(value.group(1)) == pytest.approx(curves.epsilon(name, rounds), rel=1e-5)
+    # The plot lines name the run the summary is of (not an older run's directory).
+    run_dir = re.search(r"^run directory\s+(\S+)$", text, re.M).group(1)
+    plots = re.findall(r"^plot\s+(\S+)$", text, re.M)
+    assert plots and all(p.startswith(run_dir + "/") for p in plots), (run_dir, plots)
     for figure in re.findall(r"\]\((docs/figures/[^)]+\.png)\)", README):
         assert (ROOT / figure).is_file(), figure
     assert re.search(r"\]\(docs/figures/[^)]+\.png\)", README), "README must show the plot"
