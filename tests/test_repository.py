@@ -184,3 +184,16 @@ def test_the_flower_tests_fail_loudly_without_flwr_unless_skipped_on_purpose(tmp
     quiet = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     assert quiet.returncode == 5, quiet.stdout[-500:]  # collected nothing: the module skipped
     assert "SKIPPED" in quiet.stdout
+
+
+def test_every_config_path_the_code_and_docs_name_exists():
+    """A help text or page that cites a config file names one that ships (``NAME`` excepted)."""
+    named = set()
+    for folder in ("shuffle_opacus", "experiments", "docs", "configs"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".md"):
+                named.update(re.findall(r"configs/[A-Za-z0-9_/.-]+\.yaml", path.read_text()))
+    for page in ("README.md", "CONTRIBUTING.md"):
+        named.update(re.findall(r"configs/[A-Za-z0-9_/.-]+\.yaml", (ROOT / page).read_text()))
+    missing = sorted(p for p in named if "NAME" not in p and not (ROOT / p).is_file())
+    assert not missing, missing

@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
             "accuracy.png. Started again, it keeps finished trials and resumes the rest."
         ),
     )
-    sweep.add_argument("sweep_file", metavar="SWEEP_FILE", help="e.g. configs/sweeps/paper.yaml")
+    sweep.add_argument("sweep_file", metavar="SWEEP_FILE", help="e.g. configs/sweeps/paper-1.yaml")
     sweep.add_argument("--out", help="output directory (default: runs/sweeps/<name of SWEEP_FILE>)")
     sweep.add_argument(
         "--trial",
