@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 import signal
 import warnings
 from pathlib import Path
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from shuffle_experiments import runner, session
+from shuffle_experiments import curves, runner, session
 from shuffle_experiments.cli import main
 from shuffle_experiments.config import load_config, validate
 from shuffle_experiments.curves import SPARSE_CURVES, EpsilonCurves
@@ -21,6 +22,7 @@ from shuffle_experiments.curves import SPARSE_CURVES, EpsilonCurves
 import shuffle_opacus
 from shuffle_opacus import history_epsilon
 from shuffle_opacus.analysis import OrderCapWarning
+from shuffle_opacus.analysis.approximate.baselines import composed_epsilon, round_profile
 from shuffle_opacus.provenance import LIBRARIES, config_hash
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +48,39 @@ def tiny_config(tmp_path: Path, *extra: str):
     return load_config(CONFIGS / "smoke.yaml", [*TINY, f"output_dir={tmp_path}", *extra])
 
 
+#: The tiny config with warm-up, the cosine schedule, momentum and a weight average, so that
+#: optimizer and average state must be restored too (the stop-signal tests).
+SCHEDULED = [
+    "training.checkpoint_every=100", "optimizer.schedule=cosine", "optimizer.warmup=3",
+    "training.ema=0.9", "training.device=cpu",
+]  # fmt: skip
+
+
+def _uninterrupted(tmp_path_factory: pytest.TempPathFactory, *extra: str) -> runner.RunResult:
+    base = tmp_path_factory.mktemp("uninterrupted")
+    return runner.run(tiny_config(base, *extra), run_dir=base / "run", progress=False)
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory) -> runner.RunResult:
+    """An uninterrupted run of the tiny config, shared by the tests of this file that compare
+    with one (they only read its directory; a test that changes it works on a copy)."""
+    return _uninterrupted(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def whole_scheduled(tmp_path_factory) -> runner.RunResult:
+    """An uninterrupted run of the tiny config with :data:`SCHEDULED` (read only, shared)."""
+    return _uninterrupted(tmp_path_factory, *SCHEDULED)
+
+
+def copy_of(result: runner.RunResult, tmp_path: Path) -> Path:
+    """A copy of a shared run's directory that a test may change."""
+    run_dir = tmp_path / "r"
+    shutil.copytree(result.run_dir, run_dir)
+    return run_dir
+
+
 def read_rows(run_dir: Path) -> list[dict[str, str]]:
     with (run_dir / "metrics.csv").open(newline="") as fh:
         return list(csv.DictReader(fh))
@@ -55,7 +90,18 @@ def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
 
 
-def test_smoke_config_end_to_end(tmp_path, capsys):
+def test_smoke_config_end_to_end(tmp_path, capsys, monkeypatch):
+    # The clones baseline's round profile takes a third of this test: the run's own call is
+    # recorded (arguments and result) instead of computing the same profile a second time here.
+    profiles: list[tuple[dict[str, object], object]] = []
+
+    def recorded_profile(**kwargs):
+        profile = round_profile(**kwargs)
+        profiles.append((kwargs, profile))
+        return profile
+
+    monkeypatch.setattr(curves, "round_profile", recorded_profile)
+    curves._cached_profile.cache_clear()  # a profile cached by an earlier test is not recorded
     status = main(
         ["train", "--config", str(CONFIGS / "smoke.yaml"), "--set", f"output_dir={tmp_path}",
          "--no-progress"]
@@ -82,10 +128,10 @@ def test_smoke_config_end_to_end(tmp_path, capsys):
         eps = [float(r[f"eps_{name}"]) for r in rows if r[f"eps_{name}"]]
         assert all(b >= a for a, b in zip(eps, eps[1:], strict=False)), name
         assert len(eps) == (len(evals) if name in SPARSE_CURVES else len(rows)), name
-    # The baseline is the composed clones bound of one round's profile, at rounds 5, 10, ...
-    from shuffle_opacus.analysis.approximate.baselines import composed_epsilon, round_profile
-
-    profile = round_profile(
+    # The baseline is the composed clones bound of one round's profile, at rounds 5, 10, ...:
+    # the run built the profile once, for these arguments (round_profile is a pure function).
+    [(kwargs, profile)] = profiles
+    assert kwargs == dict(
         n=2000, sigma=cfg.privacy.noise_multiplier / 2, delta_max=cfg.privacy.delta,
         rate=cfg.protocol.rate, decades=math.log10(10 * cfg.training.rounds) + 6,
     )  # fmt: skip
@@ -137,9 +183,8 @@ def test_smoke_config_end_to_end(tmp_path, capsys):
     assert str(run_dir / "accuracy_vs_epsilon.png") in out
 
 
-def test_resume_after_stop_matches_uninterrupted_run(tmp_path):
+def test_resume_after_stop_matches_uninterrupted_run(tmp_path, whole):
     cfg = tiny_config(tmp_path)
-    whole = runner.run(cfg, run_dir=tmp_path / "whole", progress=False)
     part = tmp_path / "part"
     stopped = runner.run(cfg, run_dir=part, progress=False, stop_after=7)
     assert stopped.rounds_done == 7 and not stopped.plots
@@ -147,8 +192,8 @@ def test_resume_after_stop_matches_uninterrupted_run(tmp_path):
     assert torch.load(part / "checkpoint.pt", weights_only=True)["round"] == 5
     resumed = runner.resume(part, progress=False, echo=lambda _: None)
     assert resumed.rounds_done == cfg.training.rounds
-    assert (part / "metrics.csv").read_bytes() == (tmp_path / "whole" / "metrics.csv").read_bytes()
-    a, b = final_params(tmp_path / "whole"), final_params(part)
+    assert (part / "metrics.csv").read_bytes() == (whole.run_dir / "metrics.csv").read_bytes()
+    a, b = final_params(whole.run_dir), final_params(part)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert resumed.epsilon == whole.epsilon and resumed.test_accuracy == whole.test_accuracy
 
@@ -164,16 +209,10 @@ def default_sigint():
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_signal_saves_a_checkpoint_and_resume_matches(
-    tmp_path, monkeypatch, default_sigint, signum
+    tmp_path, monkeypatch, default_sigint, signum, whole_scheduled
 ):
     """Ctrl-C, and SIGTERM (a cluster's pre-emption), finish the round and checkpoint."""
-    # With warm-up, the cosine schedule, momentum and a weight average, so that optimizer and
-    # average state must be restored too.
-    cfg = tiny_config(
-        tmp_path, "training.checkpoint_every=100", "optimizer.schedule=cosine",
-        "optimizer.warmup=3", "training.ema=0.9", "training.device=cpu",
-    )  # fmt: skip
-    runner.run(cfg, run_dir=tmp_path / "whole", progress=False)
+    cfg = tiny_config(tmp_path, *SCHEDULED)
     original = session.Session.round
 
     def interrupted(self, indices, round_number):
@@ -208,9 +247,9 @@ def test_a_stop_signal_saves_a_checkpoint_and_resume_matches(
     assert signal.getsignal(signal.SIGTERM) is sigterm_before
     monkeypatch.setattr(session.Session, "round", original)
     runner.resume(tmp_path / "part", progress=False, echo=lambda _: None)
-    whole, part = tmp_path / "whole", tmp_path / "part"
-    assert (part / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
-    a, b = final_params(whole), final_params(part)
+    reference, part = whole_scheduled.run_dir, tmp_path / "part"
+    assert (part / "metrics.csv").read_bytes() == (reference / "metrics.csv").read_bytes()
+    a, b = final_params(reference), final_params(part)
     assert all(torch.equal(a[k], b[k]) for k in a)
     average = torch.load(part / "checkpoint.pt", weights_only=True)["average"]
     assert average is not None and not torch.equal(average["0.weight"], b["0.weight"])
@@ -232,11 +271,10 @@ def test_unavailable_device_is_one_line(tmp_path):
         runner.run(cfg, run_dir=tmp_path / "r", progress=False)
 
 
-def test_exception_mid_round_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+def test_exception_mid_round_keeps_the_last_checkpoint(tmp_path, monkeypatch, whole):
     # An exception inside a round (a second Ctrl-C, a crash) must not checkpoint a half-done
     # round: resume starts from the last periodic checkpoint and still matches.
     cfg = tiny_config(tmp_path)
-    runner.run(cfg, run_dir=tmp_path / "whole", progress=False)
     original = session.Session.round
 
     def crashing(self, indices, round_number):
@@ -253,8 +291,8 @@ def test_exception_mid_round_keeps_the_last_checkpoint(tmp_path, monkeypatch):
     assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)["round"] == 5
     monkeypatch.setattr(session.Session, "round", original)
     runner.resume(tmp_path / "part", progress=False, echo=lambda _: None)
-    whole, part = tmp_path / "whole", tmp_path / "part"
-    assert (part / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
+    part = tmp_path / "part"
+    assert (part / "metrics.csv").read_bytes() == (whole.run_dir / "metrics.csv").read_bytes()
 
 
 def test_micro_batches_give_the_unchunked_round(tmp_path):
@@ -320,13 +358,13 @@ def test_cli_errors_are_one_line(argv, message, capsys, monkeypatch):
     assert err.count("\n") == 1 and message in err, err
 
 
-def test_resume_of_a_complete_run_trains_no_more_and_set_is_refused(tmp_path, capsys):
-    run = runner.run(tiny_config(tmp_path), run_dir=tmp_path / "r", progress=False)
-    metrics = (run.run_dir / "metrics.csv").read_bytes()
-    assert main(["train", "--resume", str(run.run_dir), "--no-progress"]) == 0
+def test_resume_of_a_complete_run_trains_no_more_and_set_is_refused(tmp_path, capsys, whole):
+    run_dir = copy_of(whole, tmp_path)
+    metrics = (run_dir / "metrics.csv").read_bytes()
+    assert main(["train", "--resume", str(run_dir), "--no-progress"]) == 0
     assert "the run is complete (12 of 12 rounds); writing summary.json" in capsys.readouterr().out
-    assert (run.run_dir / "metrics.csv").read_bytes() == metrics
-    assert main(["train", "--resume", str(run.run_dir), "--set", "seed=2"]) == 2
+    assert (run_dir / "metrics.csv").read_bytes() == metrics
+    assert main(["train", "--resume", str(run_dir), "--set", "seed=2"]) == 2
     assert "--set cannot change a run being resumed" in capsys.readouterr().err
 
 
@@ -337,12 +375,12 @@ def test_run_refuses_non_empty_directory(tmp_path):
         runner.run(tiny_config(tmp_path), run_dir=tmp_path / "r", progress=False)
 
 
-def test_plot_command_redraws(tmp_path, capsys):
-    run = runner.run(tiny_config(tmp_path), run_dir=tmp_path / "r", progress=False)
-    for png in run.run_dir.glob("*.png"):
+def test_plot_command_redraws(tmp_path, capsys, whole):
+    run_dir = copy_of(whole, tmp_path)
+    for png in run_dir.glob("*.png"):
         png.unlink()
-    assert main(["plot", str(run.run_dir)]) == 0
-    assert sorted(p.name for p in run.run_dir.glob("*.png")) == [
+    assert main(["plot", str(run_dir)]) == 0
+    assert sorted(p.name for p in run_dir.glob("*.png")) == [
         "accuracy_vs_epsilon.png", "epsilon_vs_rounds.png"
     ]  # fmt: skip
 
