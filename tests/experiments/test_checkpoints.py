@@ -20,6 +20,7 @@ import json
 import os
 import pickle
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -48,6 +49,9 @@ SMALL = [
     "training.eval_every=4",
     "training.checkpoint_every=4",
     "privacy.accountants=[exact]",
+    # One torch thread: the suite runs two workers on two cores, and a second thread per worker
+    # spins on a busy core (a run took two to four times as long with 2 threads as with 1).
+    "training.threads=1",
 ]
 
 
@@ -592,37 +596,57 @@ def test_a_metrics_file_too_large_names_it(stopped, monkeypatch, capsys):
 # --- SIGKILL at random moments ------------------------------------------------------------
 
 
-# The children are fresh interpreters (not forks: a fork of a process whose OpenMP pool is
-# running can deadlock), reading a tiny MNIST pickle so that they start quickly. A child kills
-# itself with SIGKILL at a chosen point, so that where it dies does not depend on how quickly a
-# busy machine schedules a watching parent:
+# The children are forks of a driver (``_DRIVER``): a fresh interpreter that imports torch and
+# the runner once (most of a new interpreter's time) and then, for each command on its stdin,
+# forks a child that resumes the run. The driver itself never runs a torch operation, so there
+# is no OpenMP pool whose fork could deadlock (a fork of the pytest process could). The children
+# read a tiny MNIST pickle, so that they start quickly. A child kills itself with SIGKILL at a
+# chosen point, so that where it dies does not depend on how quickly a busy machine schedules a
+# watching parent:
 # * "round K": as round K begins, with the rows since the last flush still buffered and, when an
 #   evaluation flushed them, rows past the last checkpoint already on disk;
 # * "in-checkpoint": in the middle of writing the next checkpoint (a half-written temporary file).
-_RESUME = """
-import os, signal, sys
+# The driver answers each command with the signal that ended the child (or minus its exit status).
+_DRIVER = """
+import os, signal, sys, traceback
 from pathlib import Path
 import torch
 from shuffle_experiments import runner, session
-run_dir, mode, kill_at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-def die():
-    os.kill(os.getpid(), signal.SIGKILL)
-if mode == "round":
-    step = session.Session.round
-    def round_or_die(self, indices, round_number):
-        if round_number == kill_at:
+def resume_and_die(run_dir, mode, kill_at):
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "round":
+        step = session.Session.round
+        def round_or_die(self, indices, round_number):
+            if round_number == kill_at:
+                die()
+            return step(self, indices, round_number)
+        session.Session.round = round_or_die
+    else:
+        def save(obj, path):
+            tmp = path.with_name(path.name + ".tmp")
+            torch.save(obj, tmp)
+            with tmp.open("r+b") as fh:
+                fh.truncate(tmp.stat().st_size // 2)
             die()
-        return step(self, indices, round_number)
-    session.Session.round = round_or_die
-else:
-    def save(obj, path):
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(obj, tmp)
-        with tmp.open("r+b") as fh:
-            fh.truncate(tmp.stat().st_size // 2)
-        die()
-    runner.save_checkpoint = save
-runner.resume(run_dir, progress=False, echo=lambda _: None)
+        runner.save_checkpoint = save
+    runner.resume(run_dir, progress=False, echo=lambda _: None)
+while line := sys.stdin.readline():
+    run_dir, mode, kill_at = line.rstrip("\\n").split("\\t")
+    pid = os.fork()
+    if pid == 0:
+        status = 0
+        try:
+            resume_and_die(Path(run_dir), mode, int(kill_at))
+        except BaseException:
+            traceback.print_exc()
+            status = 1
+        finally:
+            sys.stderr.flush()
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    ended = os.WTERMSIG(status) if os.WIFSIGNALED(status) else -os.WEXITSTATUS(status)
+    print(ended, flush=True)
 """
 
 
@@ -635,22 +659,32 @@ def _checkpoint_round(run_dir: Path) -> int:
     return int(torch.load(run_dir / "checkpoint.pt", weights_only=True)["round"])
 
 
-def _resume_in_child(run_dir: Path, mode: str, kill_at: int = 0) -> int:
-    """Resume in a new process that SIGKILLs itself (see ``_RESUME``).
+def _resume_in_child(driver: subprocess.Popen, run_dir: Path, mode: str, kill_at: int = 0) -> int:
+    """Resume in a child of ``driver`` that SIGKILLs itself (see ``_DRIVER``).
 
     Returns:
         The signal that ended the child (``SIGKILL`` expected).
     """
-    child = subprocess.Popen([sys.executable, "-c", _RESUME, str(run_dir), mode, str(kill_at)])
-    try:
-        return -child.wait(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    assert driver.stdin is not None and driver.stdout is not None
+    driver.stdin.write(f"{run_dir}\t{mode}\t{kill_at}\n")
+    driver.stdin.flush()
+    ready, _, _ = select.select([driver.stdout], [], [], 300)
+    assert ready, "the child neither died nor finished within 300 s"
+    return int(driver.stdout.readline())
 
 
-def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tiny_pickle, tmp_path):
+@pytest.fixture(scope="module")
+def driver():
+    """The driver of ``_DRIVER``, started at once (its imports overlap the first test's runs)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    yield proc
+    proc.kill()
+    proc.communicate()
+
+
+def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tiny_pickle, tmp_path, driver):
     # Evaluations every 3 rounds flush rows that the checkpoints (every 4) have not yet covered.
     config = small_config(tmp_path, *tiny_pickle, "training.eval_every=3")
     reference = tmp_path / "reference"
@@ -662,14 +696,14 @@ def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tiny_pickle,
     rows_past_checkpoint = []
     for _ in range(2):  # killed as a random later round begins
         kill_at = rng.randint(_checkpoint_round(run_dir) + 1, 24)
-        assert _resume_in_child(run_dir, "round", kill_at) == signal.SIGKILL
+        assert _resume_in_child(driver, run_dir, "round", kill_at) == signal.SIGKILL
         assert _checkpoint_round(run_dir) < kill_at
         rows_past_checkpoint.append(_rounds_written(run_dir) - _checkpoint_round(run_dir))
     # The seeded draws include a kill that left rows on disk past the last checkpoint.
     assert max(rows_past_checkpoint) > 0, rows_past_checkpoint
     # Killed while writing a checkpoint: the half-written file must not be used.
     before = _checkpoint_round(run_dir)
-    assert _resume_in_child(run_dir, "in-checkpoint") == signal.SIGKILL
+    assert _resume_in_child(driver, run_dir, "in-checkpoint") == signal.SIGKILL
     assert (run_dir / "checkpoint.pt.tmp").exists()
     assert _checkpoint_round(run_dir) == before
 
@@ -681,6 +715,11 @@ def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tiny_pickle,
     expected = torch.load(reference / "checkpoint.pt", weights_only=True)["model"]
     for name, tensor in expected.items():
         assert torch.equal(final[name], tensor), name
+
+
+def test_a_child_of_the_driver_that_fails_is_reported(driver, tmp_path):
+    """The driver's answers can fail: a resume that raises ends its child with status 1."""
+    assert _resume_in_child(driver, tmp_path / "no run here", "round", 1) == -1
 
 
 # --- concurrent runs ----------------------------------------------------------------------
