@@ -41,6 +41,9 @@ TINY = [
     # Two curves: the clones baseline alone costs seconds per session (its per-round profile);
     # the tests of the curves themselves name theirs.
     "privacy.accountants=[pld, exact]",
+    # One torch thread: the suite runs two workers on two cores, and a second thread per worker
+    # spins on a busy core (a run took two to four times as long with 2 threads as with 1).
+    "training.threads=1",
 ]
 
 
@@ -102,9 +105,10 @@ def test_smoke_config_end_to_end(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(curves, "round_profile", recorded_profile)
     curves._cached_profile.cache_clear()  # a profile cached by an earlier test is not recorded
+    # On one torch thread (see TINY): the thread count changes the speed and the last digits only.
     status = main(
         ["train", "--config", str(CONFIGS / "smoke.yaml"), "--set", f"output_dir={tmp_path}",
-         "--no-progress"]
+         "--set", "training.threads=1", "--no-progress"]
     )  # fmt: skip
     assert status == 0
     cfg = load_config(CONFIGS / "smoke.yaml")
