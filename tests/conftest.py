@@ -8,12 +8,20 @@ new counterexamples (a failure it finds is printed with the example to pin as an
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import settings
 
 settings.register_profile("repeatable", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile("repeatable")
+
+# One math thread per process (torch's OpenMP pool, MKL, OpenBLAS), here and in the subprocesses
+# the tests start, unless the caller chose: the suite runs two xdist workers on two cores, where a
+# second thread per worker spins on a busy core (test_noise, test_clients and test_clipping took
+# 104 s with two threads, 36 s with one). Set before any test module imports torch or numpy.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")
