@@ -221,6 +221,16 @@ def test_strong_masses_sum_to_one(n, k, gamma):
     assert 1 - neglected - 1e-12 <= mass.sum() <= 1 + 1e-12
 
 
+@pytest.mark.parametrize("n", [10**7, 10**9])
+def test_weak_latent_count_masses_sum_to_one_at_large_n(n):
+    # The law of B ~ Bin(n - 1, gamma) weights every outcome of the weak adversary: over its
+    # window it must hold all but the reported left-out mass. scipy's binom.logpmf, whose
+    # log-gammas are of size n log n, missed by 2e-8 at 10^7 and 5e-7 at 10^9.
+    _, log_pb, _, _, neglected = _weak_plan(n, 4, 0.25, 1e-12)
+    assert neglected <= 1e-12 * (1 + 1e-6)
+    assert 1 - neglected - 1e-13 <= math.fsum(np.exp(log_pb)) <= 1 + 1e-13
+
+
 @pytest.mark.parametrize("adversary", KRR_ADVERSARIES)
 def test_truncated_mass_is_added_to_delta(adversary):
     args = dict(n=300, k=4, gamma=0.25, adversary=adversary)

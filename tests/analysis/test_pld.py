@@ -219,6 +219,19 @@ def test_truncated_mass_is_bounded_and_accounted() -> None:
         assert fine <= coarse <= fine + tail
 
 
+@pytest.mark.parametrize(
+    ("n", "eps0", "pair"), [(100_000, 8.0, "clones"), (10**6, 10.0, "stronger")]
+)
+def test_pair_masses_sum_to_one_at_large_n(n: int, eps0: float, pair: str) -> None:
+    # Oracle: with a tail of 1e-15 the enumerated outcomes hold all but 1e-15 of P and of Q.
+    # The clone count's log-masses come from log(binom.pmf); scipy's binom.logpmf, whose
+    # log-gammas are of size n log n, missed by 5e-11 and 4e-10 here (a large eps0 keeps the
+    # clone counts, and so the split's log-gammas, small).
+    pair_ = feldman_pair(n=n, eps0=eps0, tail=1e-15, pair=pair)
+    for log_mass in (pair_.log_p, pair_.log_q):
+        assert math.fsum(np.exp(log_mass)) == pytest.approx(1.0, abs=1e-12)
+
+
 def test_lemma11_keeps_few_outcomes() -> None:
     # O(n log(1/tail)) outcomes instead of O(n^2).
     n = 20_000

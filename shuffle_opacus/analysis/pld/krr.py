@@ -31,6 +31,7 @@ from ..results import AccountingResult
 from .common import (
     DEFAULT_DISCRETIZATION,
     DEFAULT_TAIL,
+    binom_logpmf,
     check_discretization,
     check_tail,
     default_tail,
@@ -178,7 +179,7 @@ def _weak_plan(
     """Enumerate ``b`` with ``log P(B = b)`` and each ``M``-range; return the left-out mass too."""
     b_lo, b_hi, b_out = _binom_range(np.array([n - 1]), gamma, tail / 4.0)
     bs = np.arange(int(b_lo[0]), int(b_hi[0]) + 1)
-    log_pb = binom.logpmf(bs, n - 1, gamma)
+    log_pb = binom_logpmf(bs, n - 1, gamma)
     m_lo, m_hi, m_out = _binom_range(bs, 1.0 / k, tail / 8.0)
     neglected = float(b_out[0]) + 2.0 * float(np.sum(np.exp(log_pb) * m_out))
     return bs, log_pb, m_lo, m_hi, neglected * _TAIL_MARGIN

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 from dp_accounting.pld import pld_pmf
 from scipy.special import gammaln
-from scipy.stats import binom
 
 from ..._validation import check_int, check_positive
 from ..options import LDP_PAIRS
-from .common import DEFAULT_TAIL, check_discretization, check_tail
+from .common import DEFAULT_TAIL, binom_logpmf, check_discretization, check_tail
 
 __all__ = [
     "LDP_PAIRS",
@@ -153,7 +152,7 @@ def pair_chunks(
     prob = clone_probability(eps0, pair)
     c_lo, c_hi = _hoeffding_range(n - 1, prob, tail)
     cs = np.arange(c_lo, c_hi + 1)
-    log_pc = binom.logpmf(cs, n - 1, prob)
+    log_pc = binom_logpmf(cs, n - 1, prob)
     widths = np.empty(cs.size, dtype=np.int64)
     starts = np.empty(cs.size, dtype=np.int64)
     for k, count in enumerate(cs):

@@ -16,6 +16,7 @@ import numpy as np
 from scipy.special import gammaln
 from scipy.stats import binom
 
+from .common import binom_logpmf
 from .rounds import ShuffleRound
 
 __all__ = [
@@ -105,21 +106,6 @@ def half_windows(trials: np.ndarray, tail: float) -> np.ndarray:
         lo = binom.ppf(tail / 2.0, trials, 0.5)
     lo = np.where(trials > 0, np.nan_to_num(lo, nan=0.0), 0.0).astype(np.int64)
     return np.maximum(0, lo - 1)
-
-
-def binom_logpmf(k: np.ndarray | int, trials: int, prob: float) -> np.ndarray:
-    """``log Bin(trials, prob)(k)``, accurate to about 1e-13 at any ``trials``.
-
-    scipy's ``binom.logpmf`` subtracts log-gammas of size ``trials log trials``, which loses
-    about ``1e-16 trials log trials`` in absolute terms: 1e-6 at ``trials = 10^9``, enough to
-    make a pair's masses sum to 1 - 2e-7 per round there. Its ``pmf`` (Loader's saddle point
-    expansion) keeps full relative accuracy, so its log is taken wherever it does not underflow.
-    """
-    pmf = binom.pmf(k, trials, prob)
-    with np.errstate(divide="ignore"):
-        return np.where(
-            pmf > 1e-290, np.log(np.maximum(pmf, 1e-300)), binom.logpmf(k, trials, prob)
-        )
 
 
 def _log_binom_pmf(k: np.ndarray, trials: int, prob: float) -> np.ndarray:
