@@ -24,6 +24,8 @@ CHEAP = [
     "training.eval_every=8",
     "training.checkpoint_every=4",
     "privacy.accountants=[exact]",
+    # One torch thread: the suite's two workers share two cores (a test below sets auto).
+    "training.threads=1",
 ]
 
 

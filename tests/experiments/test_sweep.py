@@ -21,6 +21,8 @@ COMMON = {
     "training.checkpoint_every": 2,
     "data.test_subset": 200,
     "privacy.accountants": ["exact"],
+    # One torch thread per trial: the suite's two workers share two cores.
+    "training.threads": 1,
 }
 
 
