@@ -411,13 +411,49 @@ print(json.dumps([repr(est.epsilon), repr(est.epsilon_lower), heavy]))
 
 
 def test_a_query_answered_from_the_cache_imports_neither_dp_accounting_nor_scipy_stats(cache):
+    rounds._upper.cache_clear()
+    rounds._lower.cache_clear()
+    fresh = rounds.shuffle_rounds_epsilon(
+        [(rounds.ShuffleRound(n=20, sigma=1.0), 3)], delta=1e-5, lower=True
+    )  # fills the cache in this process
     env = {**os.environ, ENV_DIR: str(cache)}
-    runs = []
-    for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", textwrap.dedent(WARM)], env=env,
-                             capture_output=True, text=True, check=True)  # fmt: skip
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    (cold_eps, cold_low, cold_heavy), (warm_eps, warm_low, warm_heavy) = runs
-    assert "dp_accounting" in cold_heavy  # the cold run built the PMFs
-    assert (warm_eps, warm_low) == (cold_eps, cold_low)
-    assert warm_heavy == []
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(WARM)], env=env,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    eps, low, heavy = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (eps, low) == (repr(fresh.epsilon), repr(fresh.epsilon_lower))
+    assert heavy == []
+
+
+def test_from_arrays_and_compose_arrays_are_the_dp_accounting_path_bit_for_bit():
+    from dp_accounting.pld import pld_pmf
+
+    probs = np.random.default_rng(5).dirichlet(np.ones(700)) * (1 - 1e-9)
+    dense = pld_pmf.DensePLDPmf(2.0**-12, -300, probs, 1e-9, True)
+    ours = powers.PmfPowers.from_arrays(
+        discretization=2.0**-12, lower=-300, probs=probs, infinity=1e-9, pessimistic=True
+    )
+    theirs = powers.PmfPowers(dense)
+    assert _fields(ours) == _fields(theirs)
+    again = powers.PmfPowers.from_arrays(**ours.fields())  # type: ignore[arg-type]
+    assert _fields(again) == _fields(ours)
+    light = powers.compose_arrays([(ours, 40)])
+    heavy = powers.compose_powers([(theirs, 40)])
+    assert light.probs.tobytes() == np.asarray(heavy._probs).tobytes()
+    assert (light.lower, light.infinity) == (heavy._lower_loss, heavy._infinity_mass)
+    for delta in (1e-3, 1e-6, 1e-9):
+        assert powers.epsilon_for_delta(light, delta) == powers.epsilon_for_delta(heavy, delta)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"discretization": 0.0}, "discretization must be > 0"),
+        ({"probs": np.ones((2, 2))}, "probs must be 1-D"),
+        ({"log_mgf": np.zeros(3)}, "log_mgf must hold one value per Chernoff order"),
+    ],
+)
+def test_from_arrays_refuses_bad_fields_in_one_line(fields, message):
+    good = {"discretization": 2.0**-10, "lower": 0, "probs": np.array([0.5, 0.5]),
+            "infinity": 0.0, "pessimistic": True}  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        powers.PmfPowers.from_arrays(**{**good, **fields})
