@@ -27,6 +27,7 @@ from shuffle_opacus.protocols import resolve_sensitivity
 from shuffle_opacus.suggestions import did_you_mean
 
 from .datasets import DatasetError, check_data
+from .yaml_files import MAX_YAML_DEPTH, ConfigError, _parse_yaml
 
 __all__ = [
     "BASELINES",
@@ -49,62 +50,6 @@ MAX_THREADS = 1024
 MAX_SEED = 2**63 - 1
 #: Deepest nesting of a YAML document or a ``--set`` key (a config nests two levels); deeper
 #: documents are refused before PyYAML's recursive composer runs out of stack.
-MAX_YAML_DEPTH = 32
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing repeated keys and documents nested too deep.
-
-    A mapping that repeats a key (YAML would keep the last) and a document nested deeper than
-    :data:`MAX_YAML_DEPTH` are refused with a :class:`ConfigError`.
-    """
-
-    _depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        """Compose one node, counting the nesting (PyYAML recurses once per level)."""
-        if self._depth >= MAX_YAML_DEPTH:
-            line = self.peek_event().start_mark.line + 1
-            raise ConfigError(
-                f"nests deeper than the {MAX_YAML_DEPTH} levels allowed (line {line})"
-            )
-        self._depth += 1
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if not isinstance(key, (str, int, float, bool)):
-            continue  # an unhashable key is left to the schema's own error
-        if key in seen:
-            raise ConfigError(f"key {key!r} appears twice (line {key_node.start_mark.line + 1})")
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _unique_mapping,  # type: ignore[arg-type]
-)
-
-
-def _parse_yaml(text: str, what: str) -> Any:
-    """Parse YAML text with :class:`_UniqueKeyLoader`; a problem is one ConfigError line."""
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no Python objects
-    except ConfigError as exc:
-        raise ConfigError(f"{what}: {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{what} is not valid YAML{where}") from None
-
-
 #: The approximate-DP baselines and the protocols they exist for.
 BASELINES: dict[str, tuple[str, ...]] = {"clones": ("checkin", "full")}
 
@@ -125,10 +70,6 @@ def curve_names(protocol: str) -> tuple[str, ...]:
 ALL_CURVES: tuple[str, ...] = tuple(
     dict.fromkeys(name for protocol in PROTOCOLS for name in curve_names(protocol))
 )
-
-
-class ConfigError(ValueError):
-    """An invalid config; the message is one line naming the field."""
 
 
 class _Section(BaseModel):
