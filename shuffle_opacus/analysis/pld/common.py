@@ -11,14 +11,16 @@ dropped (:func:`lower_epsilon`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from dp_accounting.pld import pld_pmf
-from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
-from scipy.stats import binom
 
 from ..._validation import check_delta, check_int, check_nonnegative, check_positive
 from ..results import PLD_ACCOUNTING, PLD_ACCOUNTING_SYMMETRISED, AccountingResult
+
+if TYPE_CHECKING:  # imported where used: a query answered from the disk cache needs neither
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
 __all__ = [
     "PLD_ACCOUNTING",
@@ -106,7 +108,7 @@ def default_tail(delta: float, rounds: int) -> float:
     return tail
 
 
-def binom_logpmf(k: np.ndarray | int, trials: int, prob: float) -> np.ndarray:
+def binom_logpmf(k: np.ndarray | int, trials: np.ndarray | int, prob: float) -> np.ndarray:
     """``log Bin(trials, prob)(k)``, accurate to about 1e-13 at any ``trials``.
 
     scipy's ``binom.logpmf`` subtracts log-gammas of size ``trials log trials``, which loses
@@ -116,6 +118,8 @@ def binom_logpmf(k: np.ndarray | int, trials: int, prob: float) -> np.ndarray:
     The PLDs of the proven method, of shuffled eps0-LDP reports and of shuffled k-RR take
     their binomial log-masses from here.
     """
+    from scipy.stats import binom
+
     pmf = binom.pmf(k, trials, prob)
     with np.errstate(divide="ignore"):
         return np.where(
@@ -154,6 +158,8 @@ def pmf_from_losses(
         ValueError: on shapes that differ, negative or non-finite masses, a NaN loss, or a
             negative ``infinity_mass``.
     """
+    from dp_accounting.pld import pld_pmf
+
     discretization = check_discretization(discretization)
     infinity_mass = check_nonnegative("infinity_mass", infinity_mass)
     losses = np.asarray(losses, dtype=float).ravel()

@@ -16,15 +16,15 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from dp_accounting.pld import pld_pmf
-from dp_accounting.pld.privacy_loss_distribution import from_gaussian_mechanism
 
 from ..._validation import check_delta
 from ..approximate.analytic_gaussian import gaussian_dp_delta, gaussian_dp_epsilon
+from . import disk_cache
 from .common import default_tail
-from .powers import DEFAULT_TRUNCATION, PmfPowers, compose_powers
+from .powers import DEFAULT_TRUNCATION, ComposedPmf, PmfPowers, cached_powers, compose_arrays
 from .proven_pairs import (
     PairTooLargeError,
     ProvenPair,
@@ -37,6 +37,9 @@ from .proven_pairs import (
     proven_pair,
 )
 from .rounds import ShuffleRound
+
+if TYPE_CHECKING:  # imported where used: an answer from the disk cache needs no dp_accounting
+    from dp_accounting.pld import pld_pmf
 
 __all__ = [
     "EPS0_STEP",
@@ -140,6 +143,8 @@ def _pair_pmf(pair: ProvenPair, discretization: float, budget: float) -> pld_pmf
     goes to infinity) and starts at the mirror of that point or at the lowest loss, whichever is
     higher. Rounding is then settled by :func:`_settled`.
     """
+    from dp_accounting.pld import pld_pmf
+
     keep = pair.mass > 0
     loss, mass = pair.loss[keep], pair.mass[keep]
     finite = np.isfinite(loss)
@@ -182,6 +187,8 @@ def _settled(
     (rounding again), the largest shortfall moves from the lowest points to infinity, which never
     lowers the profile and raises it by the full amount at every point above those touched.
     """
+    from dp_accounting.pld import pld_pmf
+
     excess = math.fsum(probs) + infinity - 1.0
     if excess > 0.0:
         probs = probs - np.minimum(probs, np.maximum(excess - (np.cumsum(probs) - probs), 0.0))
@@ -243,6 +250,36 @@ def _tail(delta: float, rounds: int, scale: int) -> float:
         return default_tail(delta, rounds)
 
 
+CACHE_VERSION = 1
+"""Code version of the proven pairs' cached statistics and PMFs: bump it whenever their
+construction changes (the digest of :data:`CACHE_SOURCES` changes with any edit anyway)."""
+
+CACHE_SOURCES = (
+    "analysis/pld/proven.py",
+    "analysis/pld/proven_pairs.py",
+    "analysis/pld/common.py",
+    "analysis/pld/powers.py",
+    "analysis/pld/disk_cache.py",
+    "analysis/approximate/analytic_gaussian.py",
+)
+"""The source files that build a cached pair entry (relative to the package)."""
+
+
+def _pair_key(
+    route: str, setting: ShuffleRound, k: int, tail: float
+) -> dict[str, disk_cache.KeyValue]:
+    return {
+        "route": route,
+        "n": setting.n,
+        "sigma": setting.sigma,
+        "rate": setting.rate,
+        "m": setting.m,
+        "level": k,
+        "level_step": EPS0_STEP,
+        "tail": tail,
+    }
+
+
 @functools.lru_cache(maxsize=1024)
 def _pair_stats(
     route: str, setting: ShuffleRound, k: int, tail: float
@@ -250,8 +287,27 @@ def _pair_stats(
     """Return ``(sd, span, left)``: the loss's standard deviation, its bulk's width, the cut.
 
     Kept for many more levels than the pairs themselves (three numbers each), so that a level
-    search at the next doubling of the round count rebuilds no pair whose PMF is still cached.
+    search at the next doubling of the round count rebuilds no pair whose PMF is still cached;
+    also kept on disk (:mod:`.disk_cache`), so that a later process builds no pair to search.
     """
+
+    def entry() -> disk_cache.Entry:
+        sd, span, left = _built_stats(route, setting, k, tail)
+        return disk_cache.Entry({}, {"sd": sd, "span": span, "left": left})
+
+    found = disk_cache.cached(
+        "proven-stats",
+        CACHE_VERSION,
+        _pair_key(route, setting, k, tail),
+        entry,
+        sources=CACHE_SOURCES,
+    ).scalars
+    return float(found["sd"]), float(found["span"]), float(found["left"])  # type: ignore[arg-type]
+
+
+def _built_stats(
+    route: str, setting: ShuffleRound, k: int, tail: float
+) -> tuple[float, float, float]:
     pair = _route_pair(route, setting, k, tail)
     if pair.mass.size == 0:
         return 1.0, 1.0, pair.left
@@ -277,7 +333,18 @@ def _pair_grid(route: str, setting: ShuffleRound, k: int, tail: float) -> float:
 def _pair_powers(
     route: str, setting: ShuffleRound, k: int, tail: float, discretization: float
 ) -> PmfPowers:
-    return PmfPowers(_pair_pmf(_route_pair(route, setting, k, tail), discretization, tail / 4.0))
+    """One round's PMF of the route's pair at level ``k``, from the disk cache or built."""
+    key = {**_pair_key(route, setting, k, tail), "discretization": discretization}
+    (powers,) = cached_powers(
+        "proven-pmf",
+        CACHE_VERSION,
+        key,
+        lambda: [
+            PmfPowers(_pair_pmf(_route_pair(route, setting, k, tail), discretization, tail / 4.0))
+        ],
+        sources=CACHE_SOURCES,
+    )
+    return powers
 
 
 @functools.lru_cache(maxsize=16)
@@ -287,6 +354,9 @@ def _gaussian_powers(setting: ShuffleRound, discretization: float) -> PmfPowers:
     The differing report is seen with probability ``q``, nothing of it otherwise (loss 0
     under both datasets).
     """
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld.privacy_loss_distribution import from_gaussian_mechanism
+
     q = inclusion(setting)
     pld = from_gaussian_mechanism(
         standard_deviation=setting.sigma,
@@ -311,7 +381,7 @@ def _gaussian_powers(setting: ShuffleRound, discretization: float) -> PmfPowers:
 
 
 def epsilon_with_coupling(
-    pmf: pld_pmf.DensePLDPmf, delta: float, eta0: float, eta1: float
+    pmf: pld_pmf.DensePLDPmf | ComposedPmf, delta: float, eta0: float, eta1: float
 ) -> tuple[float, float]:
     """Smallest epsilon with ``delta_pld(eps) + eta0 + e^eps eta1 <= delta``.
 
@@ -319,18 +389,26 @@ def epsilon_with_coupling(
     infinity). Between grid points the total is ``U + eta0 + e^eps (eta1 - W)``, solved there
     in closed form.
 
+    Args:
+        pmf: The composed PMF (``dp_accounting``'s dense PMF or a :class:`~.powers.ComposedPmf`).
+        delta: Target delta.
+        eta0: The stand-ins' total variation paid once.
+        eta1: The stand-ins' total variation paid with the factor ``e^eps``.
+
     Returns:
         ``(epsilon, delta_pld(epsilon))``; ``(inf, 1.0)`` when no epsilon qualifies.
     """
-    probs = np.asarray(pmf._probs, dtype=float)
-    disc = float(pmf._discretization)
-    lowest = int(pmf._lower_loss)
+    if isinstance(pmf, ComposedPmf):
+        probs, disc, lowest = np.asarray(pmf.probs, dtype=float), pmf.discretization, pmf.lower
+        infinity = float(pmf.infinity)
+    else:
+        probs, disc = np.asarray(pmf._probs, dtype=float), float(pmf._discretization)
+        lowest, infinity = int(pmf._lower_loss), float(pmf._infinity_mass)
     # Only losses above 0 enter delta at epsilon >= 0 (and the sums run from the top down), so
     # the grid below the first positive loss is dropped before any exponential is taken.
     cut = min(max(0, 1 - lowest), probs.size)
     probs = probs[cut:]
     losses = (lowest + cut + np.arange(probs.size)) * disc
-    infinity = float(pmf._infinity_mass)
     with np.errstate(over="ignore"):
         weighted = probs * np.exp(-losses)
     # upper[j], lower[j]: mass and sum of p e^{-l} over indices j.. (j = size: none).
@@ -410,7 +488,7 @@ def _evaluate(
         return math.inf, 1.0, eta0 + eta1, 0.0, per  # the pairs' own tails exceed delta
     disc = min(_pair_grid(route, s, k, tail) for s, _ in parts)
     powers = [(_pair_powers(route, s, k, tail, disc), c) for s, c in parts]
-    eps, d_pld = epsilon_with_coupling(compose_powers(powers), delta, eta0, eta1)
+    eps, d_pld = epsilon_with_coupling(compose_arrays(powers), delta, eta0, eta1)
     coupling = eta0 + math.exp(min(eps, 700.0)) * eta1 if math.isfinite(eps) else eta0 + eta1
     return eps, d_pld, coupling, disc, per
 
@@ -468,8 +546,28 @@ def _plan(
     """Choose the route and level for rounds in these proportions at ``scale`` rounds.
 
     Depends on the request only (not on earlier calls), so a resumed run reproduces its
-    numbers; an accountant asked every round searches once each time the count doubles.
+    numbers; an accountant asked every round searches once each time the count doubles. The
+    choice is kept on disk (:mod:`.disk_cache`) too: a later process asking the same searches
+    no more.
     """
+    key: dict[str, disk_cache.KeyValue] = {
+        "settings": [[s.n, s.sigma, s.rate, s.m] for s in settings],
+        "weights": list(weights),
+        "delta": delta,
+        "scale": scale,
+    }
+
+    def entry() -> disk_cache.Entry:
+        route, k = _searched_plan(settings, weights, delta, scale)
+        return disk_cache.Entry({}, {"route": route, "level": k})
+
+    found = disk_cache.cached("proven-plan", CACHE_VERSION, key, entry, sources=CACHE_SOURCES)
+    return str(found.scalars["route"]), int(found.scalars["level"])  # type: ignore[arg-type]
+
+
+def _searched_plan(
+    settings: tuple[ShuffleRound, ...], weights: tuple[float, ...], delta: float, scale: int
+) -> tuple[str, int]:
     counts = [max(1, round(w * scale)) for w in weights]
     parts = list(zip(settings, counts, strict=True))
     tail = _tail(delta, sum(counts), scale)
@@ -490,7 +588,7 @@ def _gaussian_epsilon(
     """``(epsilon, delta_pld, discretization)`` of the local Gaussian alone."""
     q_max = max(inclusion(s) for s, _ in parts)
     disc = _step(math.sqrt(q_max) / parts[0][0].sigma)
-    composed = compose_powers([(_gaussian_powers(s, disc), c) for s, c in parts])
+    composed = compose_arrays([(_gaussian_powers(s, disc), c) for s, c in parts])
     eps, d_pld = epsilon_with_coupling(composed, delta, 0.0, 0.0)
     return eps, d_pld, disc
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import gammaln
-from scipy.stats import binom
 
 from .common import binom_logpmf
 from .rounds import ShuffleRound
@@ -92,6 +91,8 @@ def _check_cells(cells: float) -> None:
 
 def window(trials: int, prob: float, tail: float) -> tuple[int, int]:
     """Integer range outside which ``Bin(trials, prob)`` has mass at most ``tail``."""
+    from scipy.stats import binom
+
     if trials == 0 or prob == 0.0:
         return 0, 0
     lo = int(binom.ppf(tail / 2.0, trials, prob))
@@ -101,6 +102,8 @@ def window(trials: int, prob: float, tail: float) -> tuple[int, int]:
 
 def half_windows(trials: np.ndarray, tail: float) -> np.ndarray:
     """``window(t, 0.5, tail)[0]`` for every ``t`` of ``trials`` at once (the same integers)."""
+    from scipy.stats import binom
+
     trials = np.asarray(trials, dtype=np.int64)
     with np.errstate(invalid="ignore"):
         lo = binom.ppf(tail / 2.0, trials, 0.5)
@@ -313,6 +316,21 @@ def blanket_pair(setting: ShuffleRound, p: float, tail: float) -> ProvenPair:
     # Conditional law of the blanket count: among the users not counted, each is blanket with
     # probability share / (1 - 2 share).
     cond = share / (1.0 - 2.0 * share)
+    ts = np.arange(t_lo, t_hi + 1)
+    # Each branch's binomial log-masses for every count at once (elementwise the same values
+    # as one call per count): the counted users' law, then the blanket count's given them.
+    laws = []
+    for _, trials, kind in branches:
+        counted = np.clip(ts - (kind == 1), 0, trials)
+        blanket = cs - (kind == 2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            law_t = binom_logpmf(counted, trials, 2.0 * share)
+            law_c = np.where(
+                blanket[None, :] >= 0,
+                binom_logpmf(blanket[None, :], (trials - counted)[:, None], cond),
+                -np.inf,
+            )
+        laws.append((law_t, law_c))
     parts_a, parts_b, parts_c, parts_m = [], [], [], []
     ln2 = math.log(2.0)
     for t in range(t_lo, t_hi + 1):
@@ -320,16 +338,14 @@ def blanket_pair(setting: ShuffleRound, p: float, tail: float) -> ProvenPair:
         a = np.arange(max(half - 1, 0), t - max(half - 1, 0) + 1)
         b = t - a
         log_total = np.full((a.size, cs.size), -np.inf)
-        for weight, trials, kind in branches:
+        for (weight, trials, kind), (log_ts, log_cs) in zip(branches, laws, strict=True):
             if weight <= 0.0:
                 continue
             t_o = t - (kind == 1)
             if t_o < 0 or t_o > trials:
                 continue
-            c_o = cs - (kind == 2)
-            log_t = float(binom_logpmf(t_o, trials, 2.0 * share)) + math.log(weight)
-            with np.errstate(divide="ignore"):
-                log_c = np.where(c_o >= 0, binom_logpmf(c_o, trials - t_o, cond), -np.inf)
+            log_t = float(log_ts[t - t_lo]) + math.log(weight)
+            log_c = log_cs[t - t_lo]
             if kind == 1:  # the differing report is in the first count under P
                 split = np.where(a >= 1, gammaln(t) - gammaln(a) - gammaln(b + 1.0), -np.inf)
                 split = split - (t - 1) * ln2

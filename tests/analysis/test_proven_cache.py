@@ -1,0 +1,76 @@
+"""The proven method's pairs, statistics and level choices kept on disk (method ``proven``).
+
+A proven answer must not depend on whether anything came from the cache: the same bits cold,
+warm, and after a corrupt entry; and a warm process must build no pair and search no level
+(which is what makes the method cheap to ask every round and in a repeated command).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shuffle_opacus.analysis.pld import disk_cache, proven
+from shuffle_opacus.analysis.pld.disk_cache import ENV_DIR
+from shuffle_opacus.analysis.pld.rounds import ShuffleRound
+
+SETTING = ShuffleRound(n=400, sigma=1.0, rate=0.2)
+FIXED = ShuffleRound(n=300, sigma=1.0, m=60)
+
+
+def _clear() -> None:
+    for fn in (proven._plan, proven._pair_stats, proven._pair_powers, proven._route_pair):
+        fn.cache_clear()
+
+
+def _fields(est: proven.ProvenEstimate) -> str:
+    return repr(
+        (est.epsilon, est.route, est.level, est.delta_pld, est.delta_coupling, est.discretization)
+    )
+
+
+def _entries(directory):
+    return sorted(p.name.rsplit("-", 1)[0] for p in directory.glob(f"*{disk_cache.SUFFIX}"))
+
+
+@pytest.mark.parametrize("rounds", [[(SETTING, 7)], [(FIXED, 5)], [(SETTING, 3), (FIXED, 4)]])
+def test_a_cached_proven_epsilon_is_bit_for_bit_a_fresh_one(tmp_path, monkeypatch, rounds):
+    monkeypatch.setenv(ENV_DIR, "off")
+    _clear()
+    fresh = _fields(proven.proven_rounds_epsilon(rounds, delta=1e-5))
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    for attempt in ("stored", "read back"):
+        _clear()
+        assert _fields(proven.proven_rounds_epsilon(rounds, delta=1e-5)) == fresh, attempt
+    assert {"proven-plan", "proven-stats", "proven-pmf"} <= set(_entries(tmp_path))
+    _clear()
+
+
+def test_a_warm_process_builds_no_pair_and_searches_no_level(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    _clear()
+    cold = _fields(proven.proven_rounds_epsilon([(SETTING, 9)], delta=1e-5))
+    _clear()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("built although cached")
+
+    monkeypatch.setattr(proven, "_route_pair", refuse)
+    monkeypatch.setattr(proven, "_searched_plan", refuse)
+    assert _fields(proven.proven_rounds_epsilon([(SETTING, 9)], delta=1e-5)) == cold
+    monkeypatch.undo()
+    _clear()
+
+
+def test_a_corrupt_proven_entry_is_rebuilt_to_the_same_bits(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    _clear()
+    cold = _fields(proven.proven_rounds_epsilon([(SETTING, 6)], delta=1e-5))
+    for path in tmp_path.glob(f"proven-*{disk_cache.SUFFIX}"):
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    _clear()
+    assert _fields(proven.proven_rounds_epsilon([(SETTING, 6)], delta=1e-5)) == cold
+    _clear()
+    assert _fields(proven.proven_rounds_epsilon([(SETTING, 6)], delta=1e-5)) == cold
+    _clear()
