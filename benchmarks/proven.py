@@ -12,7 +12,10 @@ level search included), measured in a fresh process so that no cache helps it.
     .venv/bin/python benchmarks/proven.py --every-round 5540
 
 asks both methods after every round 1..R of the paper setting, interleaved in one process (as an
-accountant reporting every round does), and prints each one's total and slowest answer.
+accountant reporting every round does), and prints each one's total and slowest answer, with the
+on-disk cache off (the computation alone). With ``--cache disk`` both methods use the on-disk
+cache as a user's accountant does: a fresh process on an empty cache directory (``cold``, a first
+run), then another on the directory it filled (``warm``, a rerun or a resumed run).
 """
 
 from __future__ import annotations
@@ -100,6 +103,17 @@ def _every_round(rounds: int) -> None:
     print(f"proven/pld total: {total['proven'] / total['pld']:.2f} (R = {rounds})")
 
 
+def _every_round_cached(rounds: int) -> None:
+    """Run :func:`_every_round` in a fresh process on an empty cache, then on the filled one."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="proven-bench-") as directory:
+        for state in ("cold", "warm"):
+            print(f"\n## cache {state} ({directory})", flush=True)
+            command = [sys.executable, __file__, "--every-round", str(rounds)]
+            subprocess.run([*command, "--cache-dir", directory], check=True)
+
+
 def main() -> None:
     """Print one JSON line per setting, then a table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -108,11 +122,24 @@ def main() -> None:
     parser.add_argument(
         "--every-round", type=int, metavar="R", help="time both methods asked after every round"
     )
+    parser.add_argument(
+        "--cache",
+        choices=("off", "disk"),
+        default="off",
+        help="--every-round with the on-disk cache off, or on (cold, then warm)",
+    )
+    parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.every_round is not None:
         if args.every_round < 1:
             parser.error(f"--every-round must be an integer >= 1. Found {args.every_round}.")
-        _every_round(args.every_round)
+        if args.cache_dir:
+            os.environ["SHUFFLE_OPACUS_CACHE_DIR"] = args.cache_dir
+            _every_round(args.every_round)
+        elif args.cache == "disk":
+            _every_round_cached(args.every_round)
+        else:
+            _every_round(args.every_round)
         return
     if args.child:
         print(json.dumps(_one(args.child)))
