@@ -118,8 +118,7 @@ class ShuffleAccountantBase(IAccountant):
                 )
         else:
             spec.sample_rate(population=population, sample_size=sample_size)
-            keep = spec.parameter == "sample_size"
-            sample_size = int(sample_size) if keep else None  # type: ignore[arg-type]
+            sample_size = spec.recorded_sample_size(sample_size)
         if self.history and self.population is not None:
             held = (self.population, self.sensitivity, self.sample_size)
             if held != (population, sens, sample_size):
@@ -229,9 +228,10 @@ class ShuffleAccountantBase(IAccountant):
                     f"(its configured sampling). Found {sample_rate!r}."
                 )
             return nm, expected
-        if spec.parameter is None and rate != 1.0:
+        if spec.fixed_rate is not None and rate != spec.fixed_rate:
             raise ValueError(
-                f"sample_rate of the {self.name} accountant must be 1. Found {sample_rate!r}."
+                f"sample_rate of the {self.name} accountant must be {spec.fixed_rate:g}. Found "
+                f"{sample_rate!r}."
             )
         return nm, rate
 

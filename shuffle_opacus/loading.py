@@ -15,7 +15,7 @@ from opacus.data_loader import dtype_safe, shape_safe, wrap_collate_with_empty
 from torch.utils.data import DataLoader, IterableDataset
 
 from .options import PrivacyOptions
-from .protocols import PROTOCOLS, Protocol
+from .protocols import Protocol
 from .sampling import ShuffleRoundSampler
 from .step_guard import RoundQueue, StepGuard
 
@@ -80,8 +80,8 @@ def _existing_sampler(
     }
     actual = {
         "rounds": sampler.rounds,
-        "rate": getattr(sampler, "rate", None),
-        "sample_size": getattr(sampler, "m", None),
+        "rate": sampler.sample_rate if sampler.sample_size is None else None,
+        "sample_size": sampler.sample_size,
         "seed": sampler.seed,
     }
     for key, value in given.items():
@@ -154,18 +154,7 @@ def new_sampler(
     if options.rounds is None:
         raise ValueError("rounds is required (an integer >= 1): the number of training rounds.")
     size = options.sample_size
-    # Messages that name the accountant to use instead; the rest is the protocol's own check.
-    if spec.parameter is None and size is not None and size != n:
-        raise ValueError(
-            f"sample_size of the {name} accountant must equal the number of clients ({n}); use "
-            f"{PROTOCOLS['subsampled'].accountant} for fewer clients per round. Found {size!r}."
-        )
-    if spec.parameter == "sample_size" and size == n:
-        raise ValueError(
-            f"sample_size must be an integer in [1, {n - 1}] for {name}; with all {n} clients "
-            f"per round use the {PROTOCOLS['full'].accountant} accountant. Found {size!r}."
-        )
-    spec.sample_rate(population=n, rate=options.rate, sample_size=size)
+    spec.check_sampling(population=n, accountant=name, rate=options.rate, sample_size=size)
     return spec.make_sampler(
         n,
         rate=options.rate,

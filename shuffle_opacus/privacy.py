@@ -19,7 +19,6 @@ docs/opacus.md, "make_private".
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +46,7 @@ from .options import PrivacyOptions
 from .plan_checks import check_release_plan, optimizer_lr
 from .protocols import Protocol, resolve_sensitivity
 from .release_registry import REGISTRY, caller, data_identity
-from .sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler, ShuffleRoundSampler
+from .sampling import ShuffleRoundSampler
 
 __all__ = ["PrivacyOptions", "make_private", "make_private_with_epsilon", "new_sampler"]
 
@@ -211,19 +210,19 @@ def _prepare(
     )
     sens = resolve_sensitivity(options.sensitivity)
     method = spec.check_method(options.method)
-    if options.grad_sample_mode == "ew" and isinstance(sampler, ShuffledCheckInSampler):
+    if options.grad_sample_mode == "ew":
         # Expanded weights cannot run a forward pass on an empty batch.
         remaining = len(sampler)
-        p_empty = -math.expm1(remaining * math.log1p(-math.exp(n * math.log1p(-sampler.rate))))
-        if sampler.rate < 1.0 and p_empty > 1e-9:
+        p_empty = sampler.empty_round_probability(remaining)
+        if p_empty > 1e-9:
             raise ValueError(
                 f"grad_sample_mode='ew' cannot process an empty round, and with n={n}, "
-                f"rate={sampler.rate} an empty round occurs with probability {p_empty:.2g} over "
-                f"{remaining} rounds; use grad_sample_mode 'hooks' or 'functorch'."
+                f"rate={sampler.sample_rate} an empty round occurs with probability "
+                f"{p_empty:.2g} over {remaining} rounds; use grad_sample_mode 'hooks' or "
+                f"'functorch'."
             )
-    sample = sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None
     accountant.check_configuration(
-        population=n, sensitivity=sens, method=method, sample_size=sample
+        population=n, sensitivity=sens, method=method, sample_size=sampler.sample_size
     )
     accountant.check_unreleased(sampler.seed, sampler.next_round, sampler.next_round + len(sampler))
     return _Plan(accountant, spec, sampler, n, sens, method, first)
@@ -240,7 +239,7 @@ def _make_private(
     check_positive("noise_multiplier", noise_multiplier)
     plan = _prepare(engine, module, optimizer, data_loader, options)
     sampler = plan.sampler
-    sample_size = sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None
+    sample_size = sampler.sample_size
     params = [p for p in module.parameters() if p.requires_grad]
     check_release_plan(
         plan.accountant,
@@ -557,7 +556,7 @@ def make_private_with_epsilon(
         rounds=sampler.rounds,
         protocol=plan.protocol,
         rate=sampler.sample_rate if not plan.protocol.fixed_size else None,
-        sample_size=sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None,
+        sample_size=sampler.sample_size,
         sensitivity=plan.sensitivity,
         method=plan.method,
         rel_tol=rel_tol,

@@ -1,38 +1,46 @@
-"""The client-sampling protocols, one frozen record each, and the sensitivity convention.
+"""The client-sampling protocols: one small class per way of sampling, one record per protocol.
 
-:data:`PROTOCOLS` holds one :class:`Protocol` per protocol: ``full`` (accountant ``shuffle``,
-all ``n`` clients report, Theorem 1), ``subsampled`` (``subsampled_shuffle``, ``m`` of ``n``
-without replacement, Theorem 2) and ``checkin`` (``shuffled_checkin``, each client with
-probability ``rate``). Every layer looks a protocol up here (:func:`get_protocol`,
-:func:`protocol_for_accountant`) instead of comparing names; its methods and reference curves
-are those of its mechanism in :data:`shuffle_opacus.analysis.MECHANISM_TABLE`. No torch import.
-
-:func:`analysis_sigma` divides the noise multiplier by the sensitivity, in units of the clipping
-norm ``C``: ``"replace-one"`` (2, the default and the guarantee), ``"paper"`` (1, the convention
-of Liew & Takahashi, *Shuffle Gaussian Mechanism for Differential Privacy*, arXiv:2206.09569,
-§5.2) or a number in :data:`SENSITIVITY_RANGE`. **Warning:** ``"paper"``, or any number below 2,
-is **not** a DP guarantee for updates clipped to ``C``: it holds only if every clipped update
-lies within that many ``C`` of every other. It warns once (:class:`PaperConventionWarning`) and
-:func:`sensitivity_assumptions` says so. Units, accepted values and the counterexample:
-docs/opacus.md, "Units and the sensitivity convention"; docs/maths.md, "Conventions and
-assumptions".
+:data:`PROTOCOLS` holds one record per protocol: ``full`` (a :class:`FullParticipation`,
+accountant ``shuffle``, all ``n`` clients report, Theorem 1), ``subsampled`` (a
+:class:`FixedSize`, ``subsampled_shuffle``, ``m`` of ``n`` without replacement, Theorem 2) and
+``checkin`` (a :class:`CheckIn`, ``shuffled_checkin``, each client with probability ``rate``).
+Each class carries its protocol's behaviour (sample rate, reports per round, the analysis
+setting of a round, its parameter's keyword and flag, its sampler), so every layer asks the
+record (:func:`get_protocol`, :func:`protocol_for_accountant`) instead of comparing names. A new
+protocol is a subclass and a record (:func:`register_protocol`). Its methods and reference
+curves are those of its mechanism in :data:`shuffle_opacus.analysis.MECHANISM_TABLE`. The
+sensitivity convention lives in :mod:`shuffle_opacus.sensitivity`; its names are re-exported
+here. No torch import.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable
+import abc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from ._validation import _found, _real, check_int, check_positive, check_probability
+from ._validation import check_int, check_probability
 from .analysis.mechanisms import Mechanism, RoundSetting, get_mechanism
+from .sensitivity import (
+    SENSITIVITIES,
+    SENSITIVITY_RANGE,
+    PaperConventionWarning,
+    analysis_sigma,
+    resolve_sensitivity,
+    sensitivity_assumptions,
+    sensitivity_label,
+)
 
 if TYPE_CHECKING:
     from .sampling import ShuffleRoundSampler
 
 __all__ = [
     "Protocol",
+    "FullParticipation",
+    "FixedSize",
+    "CheckIn",
     "PROTOCOLS",
     "PROTOCOL_NAMES",
     "SENSITIVITIES",
@@ -40,6 +48,9 @@ __all__ = [
     "HistoryEntry",
     "get_protocol",
     "protocol_for_accountant",
+    "register_protocol",
+    "unregister_protocol",
+    "registered_protocol",
     "resolve_sensitivity",
     "analysis_sigma",
     "sensitivity_label",
@@ -47,184 +58,53 @@ __all__ = [
     "PaperConventionWarning",
 ]
 
-#: Named sensitivity conventions, in units of the clipping norm C.
-SENSITIVITIES: dict[str, float] = {"replace-one": 2.0, "paper": 1.0}
-
-#: The numeric sensitivities accepted, in units of C: from the paper's convention (the differing
-#: client's reports C apart) to replace-one (2C, the diameter of the clipping ball).
-SENSITIVITY_RANGE: tuple[float, float] = (1.0, 2.0)
-
 #: One entry of an accountant's history: (noise_multiplier, sample_rate, steps), as in Opacus.
 HistoryEntry = tuple[float, float, int]
 
 
-class PaperConventionWarning(UserWarning):
-    """A sensitivity below replace-one's 2C: epsilon assumes all clipped updates are close."""
-
-
-_WARNED: set[float] = set()
-
-
-def _warn_below_replace_one(sensitivity: float) -> None:
-    if sensitivity >= SENSITIVITIES["replace-one"] or sensitivity in _WARNED:
-        return
-    _WARNED.add(sensitivity)
-    warnings.warn(
-        f"sensitivity {sensitivity:g} C is below replace-one's 2 C (the paper's convention is "
-        f"1 C), so it is no guarantee for updates clipped to C: its epsilon holds only if every "
-        f"clipped update "
-        f"lies within {sensitivity:g} C of every other (e.g. updates clipped to "
-        f"{sensitivity / 2:g} C). Use sensitivity='replace-one' for a guarantee; see "
-        f"docs/maths.md. (Shown once.)",
-        PaperConventionWarning,
-        stacklevel=3,
-    )
-
-
-def sensitivity_label(value: float | str) -> str:
-    """Say what a sensitivity convention means, for results and summaries.
-
-    Args:
-        value: As for :func:`resolve_sensitivity`.
-
-    Returns:
-        One line: the convention, how it turns the noise multiplier into the analysis sigma,
-        and, below replace-one, the condition under which its epsilon holds.
-
-    Raises:
-        ValueError: as :func:`resolve_sensitivity`.
-    """
-    sens = _resolve(value)
-    if sens == SENSITIVITIES["replace-one"]:
-        return "replace-one (clipped updates up to 2C apart; analysis sigma = noise_multiplier / 2)"
-    name = "the paper's convention, " if sens == SENSITIVITIES["paper"] else ""
-    return (
-        f"{name}{sens:g} C (analysis sigma = noise_multiplier / {sens:g}): holds only if every "
-        f"clipped update lies within {sens:g} C of every other, not for updates clipped to C"
-    )
-
-
-def sensitivity_assumptions(value: float | str) -> tuple[str, ...]:
-    """Return the assumptions a sensitivity below 2 C adds to the guarantee (none at 2 C).
-
-    Raises:
-        ValueError: as :func:`resolve_sensitivity`.
-    """
-    sens = _resolve(value)
-    if sens >= SENSITIVITIES["replace-one"]:
-        return ()
-    return (
-        f"every clipped update lies within {sens:g} C of every other (sensitivity {sens:g} C, "
-        f"below the clipping ball's diameter 2C)",
-    )
-
-
-def resolve_sensitivity(value: float | str) -> float:
-    """Return the sensitivity in units of the clipping norm.
-
-    Args:
-        value: ``"replace-one"`` (2.0), ``"paper"`` (1.0) or a real number in
-            :data:`SENSITIVITY_RANGE` (``[1, 2]``).
-
-    Returns:
-        The sensitivity as a float.
-
-    Raises:
-        ValueError: for an unknown name, a number outside ``[1, 2]`` (with the reason), or a
-            value that is neither a name nor a real number (a bool or a tensor, say).
-
-    Warns:
-        PaperConventionWarning: once per value below 2 in a process (what it assumes).
-    """
-    sens = _resolve(value)
-    _warn_below_replace_one(sens)
-    return sens
-
-
-def _resolve(value: float | str) -> float:
-    low, high = SENSITIVITY_RANGE
-    if isinstance(value, str):
-        if value not in SENSITIVITIES:
-            names = ", ".join(repr(k) for k in SENSITIVITIES)
-            raise ValueError(
-                f"sensitivity must be one of {names} or a number in [{low:g}, {high:g}] (in units "
-                f"of the clipping norm). Found {value!r}."
-            )
-        return SENSITIVITIES[value]
-    number = _real(value)
-    if number is None or not low <= number <= high:
-        raise ValueError(
-            f"sensitivity must be 'replace-one' (2), 'paper' (1) or a number in [{low:g}, "
-            f"{high:g}] in units of the clipping norm: clipped reports are at most 2C apart, and "
-            f"below C the guarantee would rest on the data, not on the clipping. Found "
-            f"{_found(value)}."
-        )
-    return number
-
-
-def analysis_sigma(noise_multiplier: float, sensitivity: float | str) -> float:
-    """Return the analysis sigma of a noise multiplier: ``noise_multiplier / sensitivity``.
-
-    Args:
-        noise_multiplier: Each client's noise standard deviation divided by the clipping norm.
-        sensitivity: See :func:`resolve_sensitivity` (in units of the clipping norm).
-
-    Returns:
-        The noise standard deviation in units of the L2 distance between the differing
-        client's two possible reports (the paper's sigma).
-
-    Raises:
-        ValueError: for a non-positive noise multiplier or an invalid sensitivity.
-    """
-    return check_positive("noise_multiplier", noise_multiplier) / resolve_sensitivity(sensitivity)
-
-
-SamplerFactory = Callable[..., "ShuffleRoundSampler"]
-
-
-def _checkin_sampler(
-    n: int, *, rate: float | None, sample_size: int | None, rounds: int, seed: int | None,
-    start_round: int, secure: bool = False,
-) -> ShuffleRoundSampler:  # fmt: skip
-    from .sampling import ShuffledCheckInSampler
-
-    return ShuffledCheckInSampler(n, rate, rounds, seed, start_round=start_round, secure=secure)  # type: ignore[arg-type]
-
-
-def _fixed_size_sampler(
-    n: int, *, rate: float | None, sample_size: int | None, rounds: int, seed: int | None,
-    start_round: int, secure: bool = False,
-) -> ShuffleRoundSampler:  # fmt: skip
-    from .sampling import FixedSizeShuffledSampler
-
-    m = n if sample_size is None else int(sample_size)
-    return FixedSizeShuffledSampler(n, m, rounds, seed, start_round=start_round, secure=secure)
-
-
 @dataclass(frozen=True)
-class Protocol:
+class Protocol(abc.ABC):
     """How clients join a round, and everything the layers above need to know about it.
 
+    One subclass per way of sampling (:class:`FullParticipation`, :class:`FixedSize`,
+    :class:`CheckIn`) carries the behaviour; a record (an instance) names the accountant and the
+    mechanism. Callers ask the record (:meth:`sample_rate`, :meth:`make_sampler`, ...) rather
+    than branch on which protocol it is.
+
     Attributes:
-        name: ``full``, ``subsampled`` or ``checkin``.
+        name: ``full``, ``subsampled`` or ``checkin`` (or a registered one's).
         accountant: Name of its Opacus accountant.
         mechanism: Name of its analysis mechanism (a key of
             :data:`shuffle_opacus.analysis.MECHANISM_TABLE`).
-        parameter: The protocol's own parameter: ``"rate"`` (check-in probability),
-            ``"sample_size"`` (clients per round) or ``None`` (every client, every round).
         summary: Who reports in a round, in words.
         sampler: Name of the matching sampler, for messages.
-        make_sampler: ``make_sampler(n, rate=..., sample_size=..., rounds=..., seed=...,
-            start_round=..., secure=False)`` builds that sampler (imports torch).
+        option: Keyword (and configuration field) of the protocol's own parameter: ``"rate"``,
+            ``"sample_size"`` or ``None`` (nothing to choose).
+        flag: Its command-line flag (``--rate``, ``--m``), or ``None``.
+        fixed_size: True when every round has the same, known number of reports.
+        fixed_rate: The sample rate of every round whatever the population (1 for ``full``),
+            or ``None``.
     """
 
     name: str
     accountant: str
     mechanism: str
-    parameter: str | None
     summary: str
     sampler: str
-    make_sampler: SamplerFactory
+
+    option: ClassVar[str | None] = None
+    flag: ClassVar[str | None] = None
+    fixed_size: ClassVar[bool] = True
+    fixed_rate: ClassVar[float | None] = None
+
+    @property
+    def parameter(self) -> str | None:
+        """Deprecated (kept for one release): the same as :attr:`option`.
+
+        Use :attr:`option` for the keyword's name, :attr:`flag` for the command-line flag, and
+        the record's methods instead of comparing this string.
+        """
+        return self.option
 
     @property
     def analysis(self) -> Mechanism:
@@ -264,11 +144,7 @@ class Protocol:
             )
         return method
 
-    @property
-    def fixed_size(self) -> bool:
-        """True when every round has the same, known number of reports."""
-        return self.parameter != "rate"
-
+    @abc.abstractmethod
     def sample_rate(
         self, *, population: int, rate: float | None = None, sample_size: int | None = None
     ) -> float:
@@ -285,43 +161,44 @@ class Protocol:
         Raises:
             ValueError: on a missing, extraneous or out-of-range parameter.
         """
-        population = check_int("population", population, minimum=1)
-        if self.parameter == "rate":
-            if sample_size is not None:
-                raise ValueError(
-                    f"sample_size is not a parameter of the {self.name} protocol (use rate). "
-                    f"Found {sample_size!r}."
-                )
-            if rate is None:
-                raise ValueError(
-                    f"rate is required for the {self.name} protocol; it must be in (0, 1]."
-                )
-            return check_probability("rate", rate)
-        if rate is not None:
-            raise ValueError(
-                f"rate is not a parameter of the {self.name} protocol. Found {rate!r}."
-            )
-        if self.parameter == "sample_size":
-            if sample_size is None:
-                raise ValueError(
-                    f"sample_size is required for the {self.name} protocol; it must be an "
-                    f"integer in [1, {population}]."
-                )
-            m = check_int("sample_size", sample_size, minimum=1, maximum=population)
-            return m / population
-        if sample_size is not None and sample_size != population:
-            raise ValueError(
-                f"sample_size of the {self.name} protocol must equal population ({population}). "
-                f"Found {sample_size!r}."
-            )
-        return 1.0
 
+    def check_sampling(
+        self, *, population: int, accountant: str, rate: float | None, sample_size: int | None
+    ) -> float:
+        """Check a sampler's arguments as :meth:`sample_rate` does, naming a better accountant.
+
+        Args:
+            population: Number of clients ``n``.
+            accountant: The accountant's name, for messages.
+            rate: As for :meth:`sample_rate`.
+            sample_size: As for :meth:`sample_rate`.
+
+        Returns:
+            The per-round sample rate.
+
+        Raises:
+            ValueError: as :meth:`sample_rate`; where another protocol fits the arguments, the
+                message names its accountant.
+        """
+        return self.sample_rate(population=population, rate=rate, sample_size=sample_size)
+
+    @abc.abstractmethod
     def reports_per_round(self, *, population: int, sample_size: int | None) -> int | None:
         """Return the number of reports of every round (``None`` when it varies: check-in)."""
-        if self.parameter == "rate":
-            return None
-        return population if self.parameter is None else sample_size
 
+    def recorded_sample_size(self, sample_size: int | None) -> int | None:
+        """Return the sample size an accountant of this protocol keeps (checked beforehand).
+
+        Args:
+            sample_size: The configured clients per round (already checked by
+                :meth:`sample_rate`).
+
+        Returns:
+            ``m`` where it is the protocol's own parameter, else ``None``.
+        """
+        return None
+
+    @abc.abstractmethod
     def round_setting(self, *, population: int, sigma: float, sample_rate: float) -> RoundSetting:
         """Return the analysis setting of a round recorded as ``(noise, sample_rate)``.
 
@@ -337,61 +214,254 @@ class Protocol:
             ValueError: if the rate does not fit the protocol (``full``: 1; ``subsampled``:
                 ``m / n`` for an integer ``m``).
         """
-        analysis = self.analysis
-        if self.parameter == "rate":
-            rate = check_probability("sample_rate", sample_rate)
-            return analysis.setting(sigma=sigma, n=population, rate=rate)
-        if self.parameter == "sample_size":
-            q = check_probability("sample_rate", sample_rate)
-            m = round(q * population)
-            if m < 1 or abs(m - q * population) > 1e-6 * max(1.0, q * population):
-                raise ValueError(
-                    f"sample_rate of the {self.name} protocol must be m / population for an "
-                    f"integer m in [1, {population}]. Found {sample_rate!r}."
-                )
-            return analysis.setting(sigma=sigma, n=population, m=m)
+
+    @abc.abstractmethod
+    def make_sampler(
+        self, n: int, *, rate: float | None, sample_size: int | None, rounds: int,
+        seed: int | None, start_round: int, secure: bool = False,
+    ) -> ShuffleRoundSampler:  # fmt: skip
+        """Build the protocol's sampler (imports torch); the arguments are checked already.
+
+        Args:
+            n: Number of clients.
+            rate: Check-in probability (check-in protocols).
+            sample_size: Clients per round (fixed-size protocols; ``None`` means ``n``).
+            rounds: Rounds of one pass.
+            seed: Seed of the rounds, or ``None``.
+            start_round: The first round.
+            secure: Draw every round from the operating system.
+
+        Returns:
+            The sampler.
+        """
+
+    def _no_rate(self, rate: float | None) -> None:
+        if rate is not None:
+            raise ValueError(
+                f"rate is not a parameter of the {self.name} protocol. Found {rate!r}."
+            )
+
+
+@dataclass(frozen=True)
+class FullParticipation(Protocol):
+    """All ``n`` clients report every round (Theorem 1); no parameter to choose."""
+
+    fixed_rate: ClassVar[float | None] = 1.0
+
+    def sample_rate(
+        self, *, population: int, rate: float | None = None, sample_size: int | None = None
+    ) -> float:
+        """Return 1 (see :meth:`Protocol.sample_rate`); ``sample_size`` may only be ``n``.
+
+        Raises:
+            ValueError: for a rate, or a sample size other than ``population``.
+        """
+        population = check_int("population", population, minimum=1)
+        self._no_rate(rate)
+        if sample_size is not None and sample_size != population:
+            raise ValueError(
+                f"sample_size of the {self.name} protocol must equal population ({population}). "
+                f"Found {sample_size!r}."
+            )
+        return 1.0
+
+    def check_sampling(
+        self, *, population: int, accountant: str, rate: float | None, sample_size: int | None
+    ) -> float:
+        """As :meth:`Protocol.check_sampling`; fewer clients per round point to ``subsampled``.
+
+        Raises:
+            ValueError: as :meth:`sample_rate`.
+        """
+        if sample_size is not None and sample_size != population:
+            raise ValueError(
+                f"sample_size of the {accountant} accountant must equal the number of clients "
+                f"({population}); use {PROTOCOLS['subsampled'].accountant} for fewer clients "
+                f"per round. Found {sample_size!r}."
+            )
+        return self.sample_rate(population=population, rate=rate, sample_size=sample_size)
+
+    def reports_per_round(self, *, population: int, sample_size: int | None) -> int | None:
+        """Return ``population``: every client reports."""
+        return population
+
+    def round_setting(self, *, population: int, sigma: float, sample_rate: float) -> RoundSetting:
+        """See :meth:`Protocol.round_setting`; the rate must be 1.
+
+        Raises:
+            ValueError: for a rate other than 1.
+        """
         if sample_rate != 1.0:
             raise ValueError(
                 f"sample_rate of the {self.name} protocol ({self.accountant} accountant) must be "
                 f"1. Found {sample_rate!r}."
             )
-        return analysis.setting(sigma=sigma, n=population)
+        return self.analysis.setting(sigma=sigma, n=population)
+
+    def make_sampler(
+        self, n: int, *, rate: float | None, sample_size: int | None, rounds: int,
+        seed: int | None, start_round: int, secure: bool = False,
+    ) -> ShuffleRoundSampler:  # fmt: skip
+        """Build a :class:`~shuffle_opacus.sampling.FixedSizeShuffledSampler` with ``m = n``."""
+        from .sampling import FixedSizeShuffledSampler
+
+        return FixedSizeShuffledSampler(n, n, rounds, seed, start_round=start_round, secure=secure)
 
 
-PROTOCOLS: dict[str, Protocol] = {
-    p.name: p
-    for p in (
-        Protocol(
-            name="full",
-            accountant="shuffle",
-            mechanism="shuffle",
-            parameter=None,
-            summary="all n clients report every round",
-            sampler="FixedSizeShuffledSampler with m = n",
-            make_sampler=_fixed_size_sampler,
-        ),
-        Protocol(
-            name="subsampled",
-            accountant="subsampled_shuffle",
-            mechanism="subsampled",
-            parameter="sample_size",
-            summary="m of the n clients, drawn without replacement, report every round",
-            sampler="FixedSizeShuffledSampler with m < n",
-            make_sampler=_fixed_size_sampler,
-        ),
-        Protocol(
-            name="checkin",
-            accountant="shuffled_checkin",
-            mechanism="checkin",
-            parameter="rate",
-            summary="each client checks in independently with probability rate",
-            sampler="ShuffledCheckInSampler",
-            make_sampler=_checkin_sampler,
-        ),
-    )
-}
-"""The protocols by name."""
+@dataclass(frozen=True)
+class FixedSize(Protocol):
+    """``m`` of the ``n`` clients, drawn without replacement, report every round (Theorem 2)."""
 
+    option: ClassVar[str | None] = "sample_size"
+    flag: ClassVar[str | None] = "--m"
+
+    def sample_rate(
+        self, *, population: int, rate: float | None = None, sample_size: int | None = None
+    ) -> float:
+        """Return ``m / n`` (see :meth:`Protocol.sample_rate`).
+
+        Raises:
+            ValueError: for a rate, or a missing or out-of-range ``sample_size``.
+        """
+        population = check_int("population", population, minimum=1)
+        self._no_rate(rate)
+        if sample_size is None:
+            raise ValueError(
+                f"sample_size is required for the {self.name} protocol; it must be an "
+                f"integer in [1, {population}]."
+            )
+        m = check_int("sample_size", sample_size, minimum=1, maximum=population)
+        return m / population
+
+    def check_sampling(
+        self, *, population: int, accountant: str, rate: float | None, sample_size: int | None
+    ) -> float:
+        """As :meth:`Protocol.check_sampling`; all ``n`` clients per round point to ``full``.
+
+        Raises:
+            ValueError: as :meth:`sample_rate`, and for ``sample_size == population``.
+        """
+        if sample_size == population:
+            raise ValueError(
+                f"sample_size must be an integer in [1, {population - 1}] for {accountant}; with "
+                f"all {population} clients per round use the {PROTOCOLS['full'].accountant} "
+                f"accountant. Found {sample_size!r}."
+            )
+        return self.sample_rate(population=population, rate=rate, sample_size=sample_size)
+
+    def reports_per_round(self, *, population: int, sample_size: int | None) -> int | None:
+        """Return ``sample_size``: every round has ``m`` reports."""
+        return sample_size
+
+    def recorded_sample_size(self, sample_size: int | None) -> int | None:
+        """Return ``m`` as an ``int`` (see :meth:`Protocol.recorded_sample_size`)."""
+        return None if sample_size is None else int(sample_size)
+
+    def round_setting(self, *, population: int, sigma: float, sample_rate: float) -> RoundSetting:
+        """See :meth:`Protocol.round_setting`; the rate must be ``m / n`` for an integer ``m``.
+
+        Raises:
+            ValueError: for a rate that is not ``m / population``.
+        """
+        q = check_probability("sample_rate", sample_rate)
+        m = round(q * population)
+        if m < 1 or abs(m - q * population) > 1e-6 * max(1.0, q * population):
+            raise ValueError(
+                f"sample_rate of the {self.name} protocol must be m / population for an "
+                f"integer m in [1, {population}]. Found {sample_rate!r}."
+            )
+        return self.analysis.setting(sigma=sigma, n=population, m=m)
+
+    def make_sampler(
+        self, n: int, *, rate: float | None, sample_size: int | None, rounds: int,
+        seed: int | None, start_round: int, secure: bool = False,
+    ) -> ShuffleRoundSampler:  # fmt: skip
+        """Build a :class:`~shuffle_opacus.sampling.FixedSizeShuffledSampler` of ``m`` clients."""
+        from .sampling import FixedSizeShuffledSampler
+
+        m = n if sample_size is None else int(sample_size)
+        return FixedSizeShuffledSampler(n, m, rounds, seed, start_round=start_round, secure=secure)
+
+
+@dataclass(frozen=True)
+class CheckIn(Protocol):
+    """Each client checks in independently with probability ``rate``; rounds vary in size."""
+
+    option: ClassVar[str | None] = "rate"
+    flag: ClassVar[str | None] = "--rate"
+    fixed_size: ClassVar[bool] = False
+
+    def sample_rate(
+        self, *, population: int, rate: float | None = None, sample_size: int | None = None
+    ) -> float:
+        """Return ``rate`` (see :meth:`Protocol.sample_rate`).
+
+        Raises:
+            ValueError: for a sample size, or a missing or out-of-range rate.
+        """
+        check_int("population", population, minimum=1)
+        if sample_size is not None:
+            raise ValueError(
+                f"sample_size is not a parameter of the {self.name} protocol (use rate). "
+                f"Found {sample_size!r}."
+            )
+        if rate is None:
+            raise ValueError(
+                f"rate is required for the {self.name} protocol; it must be in (0, 1]."
+            )
+        return check_probability("rate", rate)
+
+    def reports_per_round(self, *, population: int, sample_size: int | None) -> int | None:
+        """Return ``None``: the number of check-ins varies."""
+        return None
+
+    def round_setting(self, *, population: int, sigma: float, sample_rate: float) -> RoundSetting:
+        """See :meth:`Protocol.round_setting`; any rate in ``(0, 1]``.
+
+        Raises:
+            ValueError: for a rate outside ``(0, 1]``.
+        """
+        rate = check_probability("sample_rate", sample_rate)
+        return self.analysis.setting(sigma=sigma, n=population, rate=rate)
+
+    def make_sampler(
+        self, n: int, *, rate: float | None, sample_size: int | None, rounds: int,
+        seed: int | None, start_round: int, secure: bool = False,
+    ) -> ShuffleRoundSampler:  # fmt: skip
+        """Build a :class:`~shuffle_opacus.sampling.ShuffledCheckInSampler`."""
+        from .sampling import ShuffledCheckInSampler
+
+        return ShuffledCheckInSampler(n, rate, rounds, seed, start_round=start_round, secure=secure)  # type: ignore[arg-type]
+
+
+_BUILT_IN: tuple[Protocol, ...] = (
+    FullParticipation(
+        name="full",
+        accountant="shuffle",
+        mechanism="shuffle",
+        summary="all n clients report every round",
+        sampler="FixedSizeShuffledSampler with m = n",
+    ),
+    FixedSize(
+        name="subsampled",
+        accountant="subsampled_shuffle",
+        mechanism="subsampled",
+        summary="m of the n clients, drawn without replacement, report every round",
+        sampler="FixedSizeShuffledSampler with m < n",
+    ),
+    CheckIn(
+        name="checkin",
+        accountant="shuffled_checkin",
+        mechanism="checkin",
+        summary="each client checks in independently with probability rate",
+        sampler="ShuffledCheckInSampler",
+    ),
+)
+
+PROTOCOLS: dict[str, Protocol] = {p.name: p for p in _BUILT_IN}
+"""The protocols by name (the built-in three, and any added with :func:`register_protocol`)."""
+
+#: The built-in protocols' names.
 PROTOCOL_NAMES: tuple[str, ...] = tuple(PROTOCOLS)
 
 _BY_ACCOUNTANT: dict[str, Protocol] = {p.accountant: p for p in PROTOCOLS.values()}
@@ -419,3 +489,64 @@ def protocol_for_accountant(name: str) -> Protocol:
     if name not in _BY_ACCOUNTANT:
         raise ValueError(f"accountant must be one of {', '.join(_BY_ACCOUNTANT)}. Found {name!r}.")
     return _BY_ACCOUNTANT[name]
+
+
+def register_protocol(protocol: Protocol) -> Protocol:
+    """Add a protocol record to :data:`PROTOCOLS` (and its accountant to the lookups).
+
+    A new way of sampling is a :class:`Protocol` subclass (with its sampler) and one record of
+    it; its accountant is a :class:`~shuffle_opacus.accountants.ShuffleAccountantBase` subclass
+    whose ``name`` is the record's ``accountant``. :func:`registered_protocol` removes it again.
+
+    Args:
+        protocol: The record; its name and accountant must be new, its mechanism known.
+
+    Returns:
+        ``protocol``.
+
+    Raises:
+        ValueError: for a value that is not a record, a name or accountant already taken, or
+            an unknown mechanism.
+    """
+    if not isinstance(protocol, Protocol):
+        raise ValueError(f"protocol must be a Protocol record. Found {protocol!r}.")
+    if protocol.name in PROTOCOLS or protocol.accountant in _BY_ACCOUNTANT:
+        raise ValueError(
+            f"protocol name and accountant must be new; {protocol.name!r} or "
+            f"{protocol.accountant!r} is taken (taken: {', '.join(PROTOCOLS)})."
+        )
+    get_mechanism(protocol.mechanism)
+    PROTOCOLS[protocol.name] = protocol
+    _BY_ACCOUNTANT[protocol.accountant] = protocol
+    return protocol
+
+
+def unregister_protocol(name: str) -> Protocol:
+    """Remove a protocol added with :func:`register_protocol`; return its record.
+
+    Raises:
+        ValueError: for a built-in protocol or a name that is not registered.
+    """
+    if name in PROTOCOL_NAMES or name not in PROTOCOLS:
+        added = [k for k in PROTOCOLS if k not in PROTOCOL_NAMES]
+        raise ValueError(
+            f"name must be a protocol added with register_protocol ({', '.join(added) or 'none'}"
+            f"). Found {name!r}."
+        )
+    protocol = PROTOCOLS.pop(name)
+    del _BY_ACCOUNTANT[protocol.accountant]
+    return protocol
+
+
+@contextmanager
+def registered_protocol(protocol: Protocol) -> Iterator[Protocol]:
+    """Register ``protocol`` for the ``with`` block, then remove it (see :func:`register_protocol`).
+
+    Raises:
+        ValueError: as :func:`register_protocol`.
+    """
+    register_protocol(protocol)
+    try:
+        yield protocol
+    finally:
+        unregister_protocol(protocol.name)

@@ -24,6 +24,7 @@ Passes, cursors and why rounds are never replayed: docs/opacus.md, "Samplers".
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -205,9 +206,32 @@ class ShuffleRoundSampler(Sampler[list[int]], abc.ABC):
         """Per-round inclusion probability of one client."""
 
     @property
+    def sample_size(self) -> int | None:
+        """Clients in every round when that number is fixed (``m``), else ``None`` (check-in)."""
+        return None
+
+    @property
     def expected_batch_size(self) -> float:
         """Expected number of clients per round."""
         return self.n * self.sample_rate
+
+    def empty_round_probability(self, rounds: int) -> float:
+        """Return the probability that at least one of ``rounds`` rounds has no client.
+
+        A sampler of fixed size ``m >= 1`` never draws an empty round; the base class assumes
+        the worst (1) for one whose size varies, and :class:`ShuffledCheckInSampler` computes it.
+
+        Args:
+            rounds: Number of rounds (integer >= 0).
+
+        Returns:
+            A probability in ``[0, 1]``.
+
+        Raises:
+            ValueError: if ``rounds`` is not an integer >= 0.
+        """
+        rounds = check_int("rounds", rounds, minimum=0)
+        return 0.0 if self.sample_size is not None or rounds == 0 else 1.0
 
     def _rng(self, t: int) -> np.random.Generator:
         seq = np.random.SeedSequence(self.seed, spawn_key=(t,))
@@ -310,6 +334,26 @@ class ShuffledCheckInSampler(ShuffleRoundSampler):
         """The check-in probability."""
         return self.rate
 
+    def empty_round_probability(self, rounds: int) -> float:
+        """Return ``1 - (1 - (1 - rate)**n)**rounds``: some round among ``rounds`` is empty.
+
+        Args:
+            rounds: Number of rounds (integer >= 0).
+
+        Returns:
+            The probability (0 when ``rate == 1``).
+
+        Raises:
+            ValueError: if ``rounds`` is not an integer >= 0.
+        """
+        rounds = check_int("rounds", rounds, minimum=0)
+        if self.rate == 1.0 or rounds == 0:
+            return 0.0
+        empty = math.exp(self.n * math.log1p(-self.rate))  # one round's
+        if empty >= 1.0:  # rate below the float's resolution: every round empty, up to rounding
+            return 1.0
+        return -math.expm1(rounds * math.log1p(-empty))
+
     def _draw(self, rng: np.random.Generator) -> np.ndarray:
         chosen = np.flatnonzero(rng.random(self.n) < self.rate)
         return rng.permutation(chosen)
@@ -374,6 +418,11 @@ class FixedSizeShuffledSampler(ShuffleRoundSampler):
     def sample_rate(self) -> float:
         """``m / n``."""
         return self.m / self.n
+
+    @property
+    def sample_size(self) -> int:
+        """``m``, the clients of every round."""
+        return self.m
 
     def _draw(self, rng: np.random.Generator) -> np.ndarray:
         return rng.permutation(self.n)[: self.m]

@@ -31,7 +31,6 @@ from ..privacy import (
 )
 from ..protocols import resolve_sensitivity
 from ..release_registry import REGISTRY, caller, data_identity
-from ..sampling import FixedSizeShuffledSampler
 from .local import LocalTraining
 from .trainer import AVERAGES, DEFAULT_CLIENT_CHUNK, FederatedTrainer, _optimizer_params
 
@@ -348,7 +347,7 @@ def make_private_clients(
     sampler = new_sampler(spec, accountant.mechanism(), n, options, secure=bool(engine.secure_mode))
     sens = resolve_sensitivity(sensitivity)
     method = spec.check_method(method)
-    size = sampler.m if isinstance(sampler, FixedSizeShuffledSampler) else None
+    size = sampler.sample_size
     accountant.check_configuration(population=n, sensitivity=sens, method=method, sample_size=size)
     check_release_plan(
         accountant,
