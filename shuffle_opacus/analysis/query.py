@@ -1,14 +1,16 @@
-"""Epsilon of any mechanism of the table by name: the entry point of the ``account`` command.
+"""Epsilon of any mechanism of the table by name: the front door of :mod:`shuffle_opacus.analysis`.
 
 :func:`account` checks the parameters against the mechanism's record in
 :data:`~shuffle_opacus.analysis.mechanisms.MECHANISM_TABLE`, estimates the cost before any work,
-and returns one :class:`~shuffle_opacus.analysis.AccountingResult` per round count, so a front
-end (the command line, a notebook) needs no knowledge of any single mechanism.
+and answers with :class:`~shuffle_opacus.analysis.AccountingResult` records (one for a round
+count, one per count for several), so a front end (the command line, a notebook) needs no
+knowledge of any single mechanism.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import overload
 
 from .._validation import (
     check_int,
@@ -44,28 +46,71 @@ def _checked(given: Mapping[str, object]) -> dict[str, object]:
     return out
 
 
+@overload
 def account(
     mechanism: str,
-    parameters: Mapping[str, object],
+    parameters: Mapping[str, object] | None = None,
+    *,
+    steps: int,
+    delta: float,
+    method: str | None = None,
+    max_order: int | None = None,
+    max_seconds: float | None = API_MAX_SECONDS,
+    **named: object,
+) -> AccountingResult: ...
+
+
+@overload
+def account(
+    mechanism: str,
+    parameters: Mapping[str, object] | None = None,
     *,
     steps: Sequence[int],
     delta: float,
     method: str | None = None,
     max_order: int | None = None,
     max_seconds: float | None = API_MAX_SECONDS,
-) -> list[AccountingResult]:
-    """Epsilon of ``mechanism`` after each round count in ``steps``.
+    **named: object,
+) -> list[AccountingResult]: ...
+
+
+def account(
+    mechanism: str,
+    parameters: Mapping[str, object] | None = None,
+    *,
+    steps: int | Sequence[int],
+    delta: float,
+    method: str | None = None,
+    max_order: int | None = None,
+    max_seconds: float | None = API_MAX_SECONDS,
+    **named: object,
+) -> AccountingResult | list[AccountingResult]:
+    """Epsilon of ``mechanism`` after ``steps`` rounds: the one way to ask for an epsilon.
+
+    Any mechanism of the table, by its default method or the one named, answers here with a
+    record that names the mechanism, its parameters, the method, epsilon with its delta and the
+    neighbouring relation. ``steps`` an integer asks one question and gets one record; a
+    sequence of counts gets one record per count, in order, and shares the per-round work
+    between them (one PLD or one Rényi table per round setting, composed for each count).
 
     The cost of the request is estimated before any work (:mod:`.limits`, from measured unit
     timings); a request estimated above ``max_seconds`` is refused with a message naming the
     parameter to lower and its largest acceptable value. The automatic growth of the Rényi
     order range charges each stage to the same budget before computing it.
 
+    Example::
+
+        from shuffle_opacus.analysis import account
+
+        res = account("shuffle", n=1000, sigma=2.0, steps=100, delta=1e-5)
+        print(res.epsilon, res.method, res.neighbouring)
+
     Args:
         mechanism: A key of :data:`~.mechanisms.MECHANISM_TABLE`.
-        parameters: The mechanism's parameters by name (see
-            :data:`~.mechanisms.PARAMETERS`); ``None`` values count as absent.
-        steps: Round counts (integers >= 1), one result each.
+        parameters: The mechanism's parameters by name (see :data:`~.mechanisms.PARAMETERS`),
+            as a mapping; ``None`` values count as absent. They may also be given as keywords
+            (``named``), but a name only once.
+        steps: A round count (integer >= 1), or a sequence of them.
         delta: Target delta in ``[1e-200, 1)`` (a smaller one underflows the accounting).
         method: One of the mechanism's methods (the default when ``None``).
         max_order: Cap on the Rényi order (mechanisms composed by rounds only), at most
@@ -73,15 +118,46 @@ def account(
         max_seconds: Work budget in estimated seconds (:data:`.limits.API_MAX_SECONDS` by
             default, :data:`.limits.CLI_MAX_SECONDS` for the command line); ``None`` turns the
             budget off (the order cap still applies).
+        **named: The mechanism's parameters as keywords (``n=1000, sigma=2.0``).
 
     Returns:
-        One :class:`~shuffle_opacus.analysis.AccountingResult` per count, in order.
+        One :class:`~shuffle_opacus.analysis.AccountingResult` when ``steps`` is an integer;
+        a list of them, one per count in order, when it is a sequence.
 
     Raises:
-        ValueError: for an unknown mechanism or method, a missing or extraneous parameter, an
-            out-of-range value, or a request over the work budget
+        ValueError: for an unknown mechanism or method, a missing, extraneous or repeated
+            parameter, an out-of-range value, or a request over the work budget
             (:class:`~.limits.WorkLimitError`).
     """
+    single = isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable)
+    given_all: dict[str, object] = dict(parameters or {})
+    for name, value in named.items():
+        if given_all.get(name) is not None:
+            raise ValueError(f"{name} is given twice: in parameters and as a keyword.")
+        given_all[name] = value
+    results = _account(
+        mechanism,
+        given_all,
+        steps=[steps] if single else list(steps),  # type: ignore[arg-type]
+        delta=delta,
+        method=method,
+        max_order=max_order,
+        max_seconds=max_seconds,
+    )
+    return results[0] if single else results
+
+
+def _account(
+    mechanism: str,
+    parameters: Mapping[str, object],
+    *,
+    steps: Sequence[object],
+    delta: float,
+    method: str | None,
+    max_order: int | None,
+    max_seconds: float | None,
+) -> list[AccountingResult]:
+    """:func:`account` with the parameters gathered and ``steps`` a list."""
     entry = get_mechanism(mechanism)
     given = {k: v for k, v in parameters.items() if v is not None}
     for name in given:
