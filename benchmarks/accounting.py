@@ -34,7 +34,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from shuffle_opacus.analysis import clones_epsilon, compute_epsilon  # noqa: E402
+from shuffle_opacus.analysis.approximate.clones import clones_epsilon  # noqa: E402
+from shuffle_opacus.analysis.epsilon import compute_epsilon  # noqa: E402
 from shuffle_opacus.analysis.mechanisms import _step_table  # noqa: E402
 from shuffle_opacus.analysis.pld import feldman_pair, ldp_shuffle_epsilon  # noqa: E402
 from shuffle_opacus.analysis.rdp.shuffle_gaussian import shuffle_gaussian_rdp  # noqa: E402
@@ -269,7 +270,7 @@ def central_epsilon(kwargs: dict) -> float:
     gamma = kwargs.get("rate", 1.0)
     std = kwargs["sigma"] * math.sqrt(gamma * kwargs["n"])
     if gamma == 1.0:
-        from shuffle_opacus.analysis import gaussian_dp_epsilon
+        from shuffle_opacus.analysis.approximate.analytic_gaussian import gaussian_dp_epsilon
 
         return gaussian_dp_epsilon(kwargs["delta"], sigma=std / math.sqrt(kwargs["steps"]))
     pld = pldm.from_gaussian_mechanism(

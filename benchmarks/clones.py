@@ -88,7 +88,7 @@ def commands(n: int, apple: Path) -> dict[str, list[str]]:
         "print('upper', hi)\n"
     )
     ours_both = (
-        "from shuffle_opacus.analysis import clones_epsilon; "
+        "from shuffle_opacus.analysis.approximate.clones import clones_epsilon; "
         f"r = clones_epsilon(n={n}, eps0={EPS0}, delta={DELTA}, tol={TOL}); "
         "print('upper', r.upper, 'lower', r.lower)"
     )

@@ -43,7 +43,8 @@ DELTA = 1e-5
 
 def _one(name: str) -> dict[str, object]:
     """Run in a child process: one setting, cold."""
-    from shuffle_opacus.analysis import account, compute_epsilon
+    from shuffle_opacus.analysis import account
+    from shuffle_opacus.analysis.epsilon import compute_epsilon
 
     s = SETTINGS[name]
     kw = {"sigma": s["sigma"], "n": s["n"], "rate": s["rate"], "steps": s["steps"]}

@@ -11,7 +11,7 @@ from opacus.accountants.utils import get_noise_multiplier
 
 import shuffle_opacus
 from shuffle_opacus.accountants import ACCOUNTANTS, ShuffleAccountantBase
-from shuffle_opacus.analysis import compute_epsilon
+from shuffle_opacus.analysis.epsilon import compute_epsilon
 
 N = 1000
 CONFIG = {

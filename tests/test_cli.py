@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from shuffle_opacus.analysis import compute_epsilon
+from shuffle_opacus.analysis.epsilon import compute_epsilon
 from shuffle_opacus.cli import build_parser, main
 
 

@@ -98,7 +98,7 @@ def test_the_clones_functions_need_only_scipy_special():
     # The library call the benchmark times beside the command.
     code = (
         "import json, sys\n"
-        "from shuffle_opacus.analysis import clones_epsilon\n"
+        "from shuffle_opacus.analysis.approximate.clones import clones_epsilon\n"
         "from shuffle_opacus.analysis.approximate.clones import clones_delta\n"
         "clones_epsilon(n=1000, eps0=1.0, delta=1e-6)\n"
         "clones_delta(0.5, n=1000, eps0=1.0)\n"

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from shuffle_opacus.analysis import compute_epsilon
+from shuffle_opacus.analysis.epsilon import compute_epsilon
 from shuffle_opacus.cli import main
 
 

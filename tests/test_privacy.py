@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 import shuffle_opacus
 from shuffle_opacus import history_epsilon
-from shuffle_opacus.analysis import compute_epsilon
+from shuffle_opacus.analysis.epsilon import compute_epsilon
 from shuffle_opacus.sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler
 from tests.opacus_helpers import (
     N_CLIENTS,

@@ -11,7 +11,8 @@ from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
 from shuffle_opacus import PROTOCOLS, analysis_sigma, get_protocol, history_epsilon
 from shuffle_opacus.accountants import ACCOUNTANTS
-from shuffle_opacus.analysis import MECHANISM_TABLE, compute_epsilon, get_mechanism
+from shuffle_opacus.analysis import MECHANISM_TABLE, get_mechanism
+from shuffle_opacus.analysis.epsilon import compute_epsilon
 from shuffle_opacus.protocols import protocol_for_accountant
 
 

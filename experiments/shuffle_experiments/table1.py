@@ -26,8 +26,8 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from shuffle_opacus.analysis import compute_epsilon
 from shuffle_opacus.analysis.approximate.baselines import composed_epsilons
+from shuffle_opacus.analysis.epsilon import compute_epsilon
 from shuffle_opacus.analysis.rdp.conversion import OrderCapWarning
 
 __all__ = ["N", "PAPER_CLONES", "PAPER_RDP", "SIGMA", "recipe_clones", "table1", "main"]

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from scipy.special import logsumexp
 from scipy.stats import binom
 
-from shuffle_opacus.analysis import compute_epsilon
+from shuffle_opacus.analysis.epsilon import compute_epsilon
 from shuffle_opacus.analysis.rdp.central import poisson_subsampled_gaussian_rdp
 from shuffle_opacus.analysis.rdp.checkin import checkin_rdp
 from shuffle_opacus.analysis.rdp.series import (

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shuffle_opacus.analysis import compose_best_epsilon
 from shuffle_opacus.analysis.approximate.composition import (
     compose_advanced,
     compose_basic,
+    compose_best_epsilon,
     compose_optimal_delta,
     compose_optimal_epsilon,
     subsample_dp,

@@ -20,16 +20,11 @@ import warnings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shuffle_opacus.analysis import (
-    MECHANISM_TABLE,
-    account,
-    clones_epsilon,
-    compute_epsilon,
-    epsilon_from_rdp,
-    rdp_to_dp,
-)
+from shuffle_opacus.analysis import MECHANISM_TABLE, account
+from shuffle_opacus.analysis.approximate.clones import clones_epsilon
+from shuffle_opacus.analysis.epsilon import compute_epsilon
 from shuffle_opacus.analysis.rdp.checkin import checkin_rdp
-from shuffle_opacus.analysis.rdp.conversion import OrderCapWarning
+from shuffle_opacus.analysis.rdp.conversion import OrderCapWarning, epsilon_from_rdp, rdp_to_dp
 from shuffle_opacus.analysis.rdp.shuffle_gaussian import shuffle_gaussian_rdp
 from shuffle_opacus.calibration import calibrate_noise_multiplier
 

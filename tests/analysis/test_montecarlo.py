@@ -77,8 +77,8 @@ def test_bad_arguments(kwargs, message):
 @pytest.mark.parametrize("sigma", [0.7, 2.0, 9.0])
 @pytest.mark.parametrize("delta", [1e-3, 1e-6, 1e-10])
 def test_delta_from_rdp_inverts_lemma2(sigma, delta):
-    from shuffle_opacus.analysis import rdp_to_dp
     from shuffle_opacus.analysis.rdp.central import gaussian_rdp
+    from shuffle_opacus.analysis.rdp.conversion import rdp_to_dp
 
     orders = np.arange(2, 513)
     rdp = gaussian_rdp(sigma=sigma, orders=orders)

@@ -15,8 +15,8 @@ import pytest
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-from shuffle_opacus.analysis import compute_epsilon, rounds_epsilon
 from shuffle_opacus.analysis.approximate.analytic_gaussian import gaussian_dp_epsilon
+from shuffle_opacus.analysis.epsilon import compute_epsilon, rounds_epsilon
 from shuffle_opacus.analysis.limits import MemoryLimitError, memory_limit, work_budget
 from shuffle_opacus.analysis.mechanisms import get_mechanism
 from shuffle_opacus.analysis.pld.powers import PmfPowers, compose_powers, epsilon_for_delta

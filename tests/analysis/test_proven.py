@@ -26,7 +26,7 @@ import pytest
 from scipy.special import logsumexp
 from scipy.stats import multinomial
 
-from shuffle_opacus.analysis import compute_epsilon
+from shuffle_opacus.analysis.epsilon import compute_epsilon
 from shuffle_opacus.analysis.pld.proven import blanket_mass, blanket_pair, proven_pair
 from shuffle_opacus.analysis.pld.rounds import ShuffleRound
 from tests.placements import Placement, draw_noise, log_likelihood_ratio, sample_losses

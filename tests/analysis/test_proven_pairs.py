@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy.stats import multinomial
 
-from shuffle_opacus.analysis import compute_epsilon
+from shuffle_opacus.analysis.epsilon import compute_epsilon
 from shuffle_opacus.analysis.pld import proven as P  # noqa: N812
 from shuffle_opacus.analysis.pld.rounds import ShuffleRound
 

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shuffle_opacus.analysis import compute_epsilon, epsilon_from_rdp
+from shuffle_opacus.analysis.epsilon import compute_epsilon
 from shuffle_opacus.analysis.rdp.central import gaussian_rdp
+from shuffle_opacus.analysis.rdp.conversion import epsilon_from_rdp
 from shuffle_opacus.analysis.rdp.series import (
     log_gaussian_excess,
     shuffle_log_excess_binexp,

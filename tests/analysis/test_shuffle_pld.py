@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 from scipy.stats import binom, norm
 
-from shuffle_opacus.analysis import compute_epsilon, shuffled_gaussian_delta_mc
 from shuffle_opacus.analysis.approximate.analytic_gaussian import (
     gaussian_dp_delta,
     gaussian_dp_epsilon,
 )
+from shuffle_opacus.analysis.epsilon import compute_epsilon
+from shuffle_opacus.analysis.montecarlo import shuffled_gaussian_delta_mc
 from shuffle_opacus.analysis.pld.common import compose_plds
 from shuffle_opacus.analysis.pld.shuffle_gaussian import (
     pld_discretization,

@@ -24,8 +24,8 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from scipy.optimize import brentq
 
-from shuffle_opacus.analysis import compute_epsilon
 from shuffle_opacus.analysis.approximate.analytic_gaussian import gaussian_dp_epsilon
+from shuffle_opacus.analysis.epsilon import compute_epsilon
 from shuffle_opacus.analysis.pld.shuffle_gaussian import (
     shuffle_gaussian_delta,
     shuffle_gaussian_epsilon,

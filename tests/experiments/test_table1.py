@@ -14,7 +14,7 @@ from shuffle_experiments.table1 import (
     recipe_clones,
 )
 
-from shuffle_opacus.analysis import compute_epsilon
+from shuffle_opacus.analysis.epsilon import compute_epsilon
 from shuffle_opacus.analysis.rdp.conversion import OrderCapWarning
 
 

@@ -24,7 +24,8 @@ from scipy import stats  # noqa: E402
 
 import shuffle_opacus.flower.secagg_strategy as secagg_strategy  # noqa: E402
 from shuffle_opacus import history_epsilon  # noqa: E402
-from shuffle_opacus.analysis import MECHANISM_TABLE, rounds_epsilon  # noqa: E402
+from shuffle_opacus.analysis import MECHANISM_TABLE  # noqa: E402
+from shuffle_opacus.analysis.epsilon import rounds_epsilon
 from shuffle_opacus.flower import (  # noqa: E402
     SECAGG_ROUND_METRIC_KEYS,
     InProcessGrid,
