@@ -4,7 +4,7 @@ A history is a list of ``(noise_multiplier, sample_rate, steps)`` entries, as Op
 accountants keep it. :func:`history_epsilon` maps each entry to the analysis setting of its
 protocol (:meth:`~shuffle_opacus.protocols.Protocol.round_setting`, with the analysis sigma of
 :func:`~shuffle_opacus.protocols.analysis_sigma`) and hands the rounds to
-:func:`shuffle_opacus.analysis.rounds_epsilon`. The Opacus accountants, calibration
+:func:`shuffle_opacus.analysis.epsilon.rounds_epsilon`. The Opacus accountants, calibration
 (:mod:`.calibration`), the Flower strategies and the experiment's epsilon curves all go through
 it, so they cannot disagree. This module does not import torch.
 """
@@ -56,8 +56,8 @@ def history_epsilon(
             (``epsilon_lower``; three compositions instead of one).
 
     Returns:
-        An :class:`~shuffle_opacus.analysis.EpsilonResult`; epsilon is 0 for an empty history
-        (with order 0).
+        An :class:`~shuffle_opacus.analysis.rdp.conversion.EpsilonResult`; epsilon is 0 for an
+        empty history (with order 0).
 
     Raises:
         ValueError: on an invalid argument or history entry.

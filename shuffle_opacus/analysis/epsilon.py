@@ -106,7 +106,7 @@ def rounds_epsilon(
     composed, :mod:`.pld.rounds`), falling back to the Rényi bound where the work limits do not
     allow it (the result's ``note`` says why). Rényi-DP methods add the rounds' RDP at each
     order (Mironov 2017, Proposition 1) and convert by Lemma 2, the order chosen by
-    :func:`~shuffle_opacus.analysis.epsilon_from_rdp`. Per-round tables and PMFs are cached, so
+    :func:`~.rdp.conversion.epsilon_from_rdp`. Per-round tables and PMFs are cached, so
     asking again after more rounds (an accountant's ``get_epsilon``, a curve evaluated every
     round) costs only the composition or the conversion.
 
@@ -120,7 +120,7 @@ def rounds_epsilon(
         lower: For ``pld``, also compute the optimistic estimate (``epsilon_lower``).
 
     Returns:
-        An :class:`~shuffle_opacus.analysis.EpsilonResult` with the method used; epsilon 0 at
+        An :class:`~.rdp.conversion.EpsilonResult` with the method used; epsilon 0 at
         order 0 when there are no rounds.
 
     Raises:
