@@ -21,7 +21,7 @@ from opacus import PrivacyEngine
 import shuffle_opacus
 from shuffle_opacus import secure_random
 from shuffle_opacus.accountants import ShuffleAccountantBase
-from shuffle_opacus.analysis import compute_epsilon
+from shuffle_opacus.analysis.epsilon import compute_epsilon
 from shuffle_opacus.protocols import (
     PROTOCOL_NAMES,
     PROTOCOLS,
