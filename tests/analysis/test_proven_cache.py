@@ -74,3 +74,26 @@ def test_a_corrupt_proven_entry_is_rebuilt_to_the_same_bits(tmp_path, monkeypatc
     _clear()
     assert _fields(proven.proven_rounds_epsilon([(SETTING, 6)], delta=1e-5)) == cold
     _clear()
+
+
+@pytest.mark.parametrize("start", [0, 3, 17, 18, 19, 40, 99])
+@pytest.mark.parametrize("best", [0, 18, 99])
+def test_the_level_search_finds_the_minimum_of_a_unimodal_curve(start, best):
+    seen: list[int] = []
+
+    def value(i: int) -> float:
+        seen.append(i)
+        return (i - best) ** 2 + 0.5 * (i > best)
+
+    assert proven._descend(value, start, 0, 99) == best
+    if abs(start - best) <= 1:  # next to the minimum: four levels looked at, at most
+        assert len(set(seen)) <= 4
+
+
+def test_the_level_search_stays_inside_its_range():
+    def value(i: int) -> float:
+        assert 5 <= i <= 9, i
+        return -float(i)
+
+    assert proven._descend(value, 5, 5, 9) == 9
+    assert proven._descend(lambda i: float(i), 9, 5, 9) == 5

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -75,9 +75,13 @@ def _level(k: int) -> float:
 
 @functools.lru_cache(maxsize=4)
 def _route_pair(route: str, setting: ShuffleRound, k: int, tail: float) -> ProvenPair:
+    """Return the route's pair at level ``k``, its outcomes sorted by loss (stably), once."""
     if route == "clones":
-        return proven_pair(setting, _level(k), tail)
-    return blanket_pair(setting, blanket_weight(setting.sigma, _level(k)), tail)
+        pair = proven_pair(setting, _level(k), tail)
+    else:
+        pair = blanket_pair(setting, blanket_weight(setting.sigma, _level(k)), tail)
+    order = np.argsort(pair.loss, kind="stable")
+    return ProvenPair(loss=pair.loss[order], mass=pair.mass[order], left=pair.left)
 
 
 BLANKET_COUNT = 64.0
@@ -313,10 +317,9 @@ def _built_stats(
         return 1.0, 1.0, pair.left
     mean = float(np.dot(pair.mass, pair.loss))
     sd = math.sqrt(max(float(np.dot(pair.mass, (pair.loss - mean) ** 2)), 1e-30))
-    order = np.argsort(pair.loss)
-    cum = np.cumsum(pair.mass[order])
-    lo = pair.loss[order][min(int(np.searchsorted(cum, tail / 4.0)), cum.size - 1)]
-    hi = pair.loss[order][min(int(np.searchsorted(cum, cum[-1] - tail / 4.0)), cum.size - 1)]
+    cum = np.cumsum(pair.mass)  # the losses are sorted (:func:`_route_pair`)
+    lo = pair.loss[min(int(np.searchsorted(cum, tail / 4.0)), cum.size - 1)]
+    hi = pair.loss[min(int(np.searchsorted(cum, cum[-1] - tail / 4.0)), cum.size - 1)]
     return sd, float(hi - lo), pair.left
 
 
@@ -530,13 +533,45 @@ def _search(
     if not math.isfinite(value(k)) or value(k) > give_up:
         return k, cache[k]  # this route gives no bound here, or none near the best one
     # Every grid level is a valid bound; epsilon has been unimodal in the level in every case
-    # examined, so a local minimum would cost tightness only. Coarse steps, then fine ones.
-    for step in (4, 1):
-        for direction in (-1, 1):
-            while k_min <= k + direction * step <= k_max and value(k + direction * step) < value(k):
-                k += direction * step
+    # examined, so a local minimum would cost tightness only. Downhill from the start, the steps
+    # doubling while they gain, then halving back to one level: the start is usually within a
+    # level or two of the best, and each level looked at costs a pair.
+    k = _descend(value, k, k_min, k_max)
     best = min(cache, key=lambda i: cache[i][0])
     return best, cache[best]
+
+
+def _descend(value: Callable[[int], float], k: int, k_min: int, k_max: int) -> int:
+    """Return a local minimum of ``value`` on the integers of ``[k_min, k_max]``, from ``k``.
+
+    Looks one level each way, then walks downhill one level at a time; after four steps the
+    steps double while they gain and are then halved back to one level (a pattern search). A
+    start next to the minimum (the usual case) costs three or four levels, a distant one a few
+    times the logarithm of the distance.
+    """
+
+    def inside(i: int) -> bool:
+        return k_min <= i <= k_max
+
+    if inside(k - 1) and value(k - 1) < value(k):
+        direction = -1
+    elif inside(k + 1) and value(k + 1) < value(k):
+        direction = 1
+    else:
+        return k
+    k += direction
+    step, walked = 1, 1
+    while inside(k + direction * step) and value(k + direction * step) < value(k):
+        k += direction * step
+        walked += 1
+        if walked > 4:
+            step *= 2
+    while step > 1:
+        step //= 2
+        for sign in (direction, -direction):
+            while inside(k + sign * step) and value(k + sign * step) < value(k):
+                k += sign * step
+    return k
 
 
 @functools.lru_cache(maxsize=32)
