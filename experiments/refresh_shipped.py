@@ -33,8 +33,9 @@ import tempfile
 from pathlib import Path
 
 from shuffle_experiments.config import load_config
-from shuffle_experiments.curves import SPARSE_CURVES, EpsilonCurves, curve_label, curve_list
+from shuffle_experiments.curves import SPARSE_CURVES, EpsilonCurves, curve_label
 from shuffle_experiments.guarantee import proven_record, rests_on
+from shuffle_experiments.plan import build_plan
 from shuffle_experiments.plots import plot_run
 from shuffle_experiments.runner import guarantee_record
 from tqdm import tqdm
@@ -60,19 +61,17 @@ def refresh(name: str, *, add: bool = False) -> None:
         name: The shipped run (its config's name).
         add: Compute only the curves the shipped files lack and keep every value they hold.
     """
-    config = load_config(ROOT / "configs" / f"{name}.yaml")
-    clients = (
-        config.clients.count if config.clients is not None else config.data.train_subset or 60000
-    )
+    # The population: clients.count at user level, else the training examples used.
+    plan = build_plan(load_config(ROOT / "configs" / f"{name}.yaml"))
     shipped = _shipped_rows(FIGURES / f"{name}_accuracy_vs_epsilon.csv")
     accuracy = {t: row["test_accuracy"] for t, row in shipped.items()}
     # The shipped values a round keeps with --add: its evaluation row, else its every-round row.
     kept = _shipped_rows(FIGURES / f"{name}_epsilon_vs_rounds.csv") if add else {}
     if add:
         kept.update(shipped)
-    rounds = config.training.rounds
-    curves = EpsilonCurves(config, clients)
-    names = curve_list(config)
+    rounds = plan.rounds
+    curves = EpsilonCurves(plan)
+    names = plan.curves
     columns = ["round", "participants", "train_loss", "test_loss", "test_accuracy"]
     columns += [f"eps_{n}" for n in names]
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,15 +102,15 @@ def refresh(name: str, *, add: bool = False) -> None:
     if add:
         old = summary["epsilon"], summary["labels"]
         summary["epsilon"] = {n: old[0].get(n, curves.epsilon(n, rounds)) for n in names}
-        summary["labels"] = {n: old[1].get(n, curve_label(n, config)) for n in names}
+        summary["labels"] = {n: old[1].get(n, curve_label(n, plan)) for n in names}
         guarantee = summary["guarantee"]
         if "proven" in names and "proven" not in guarantee:
             guarantee["proven"] = proven_record(curves, rounds)
-            guarantee["rests_on"] = rests_on(config.protocol.kind, guarantee["method"])
+            guarantee["rests_on"] = rests_on(plan.protocol.name, guarantee["method"])
     else:
         summary["epsilon"] = {n: curves.epsilon(n, rounds) for n in names}
-        summary["labels"] = {n: curve_label(n, config) for n in names}
-        summary["guarantee"] = guarantee_record(config, curves, rounds)
+        summary["labels"] = {n: curve_label(n, plan) for n in names}
+        summary["guarantee"] = guarantee_record(plan, curves, rounds)
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"{name}: {json.dumps(summary['guarantee'])}", file=sys.stderr)
 

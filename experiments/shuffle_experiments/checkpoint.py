@@ -29,6 +29,7 @@ import torch
 
 from .config import ConfigError, ExperimentConfig
 from .files import CONFIG_FILE, write_file
+from .renamed_keys import RENAMED
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -83,6 +84,21 @@ def comparable(config: ExperimentConfig) -> dict[str, Any]:
     for key, value in ADDED_DATA_KEYS.items():
         if out["data"].get(key, value) == value:
             out["data"].pop(key, None)
+    return out
+
+
+def _renamed(stored: dict[str, Any]) -> dict[str, Any]:
+    """Return a checkpoint's copy of the config with old key names under the new ones.
+
+    A run checkpointed before ``privacy.accountants`` became ``privacy.curves`` stores the old
+    name; the comparison with ``config.yaml`` (read under the new name) treats both alike. The
+    checkpoint itself is left as it is (its checksum covers it).
+    """
+    out = dict(stored)
+    for (section, old), new in RENAMED.items():
+        body = out.get(section)
+        if isinstance(body, dict) and old in body and new not in body:
+            out[section] = {(new if key == old else key): value for key, value in body.items()}
     return out
 
 
@@ -209,7 +225,7 @@ def load_checkpoint(
     for key, kind in keys.items():
         if key not in state or not isinstance(state[key], kind):
             raise ConfigError(f"checkpoint {path} is not a checkpoint of this experiment ({key})")
-    if state["config"] != comparable(config):
+    if _renamed(state["config"]) != comparable(config):
         raise ConfigError(
             f"checkpoint {path} was written for a different config than "
             f"{path.with_name(CONFIG_FILE)}; restore that config or start a new run"

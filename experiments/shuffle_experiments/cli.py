@@ -9,14 +9,18 @@ short trials over config overrides (:mod:`.sweep`); ``table1`` and ``pld-figures
 published tables and figures into ``docs/figures``. Errors, a file that cannot be written
 included (named, with the cause), are reported on one line (``shuffle-experiment: error:
 ...``) with exit status 2;
-Ctrl-C during training saves a checkpoint and exits with status 130.
+Ctrl-C during training saves a checkpoint and exits with status 130. A config that uses a key's
+old name (``privacy.accountants``) runs as under the new one, with one line
+``shuffle-experiment: note: ...`` on standard error.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from shuffle_opacus.suggestions import argparse_suggestion
 
@@ -164,6 +168,20 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_line_notes(show: Any) -> Any:
+    """Return a ``warnings.showwarning`` that prints a renamed key's note as one line."""
+
+    def showwarning(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+        from .renamed_keys import ConfigDeprecationWarning
+
+        if issubclass(category, ConfigDeprecationWarning):
+            print(f"{PROG}: note: {message}", file=sys.stderr, flush=True)
+        else:
+            show(message, category, *args, **kwargs)
+
+    return showwarning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line interface.
 
@@ -173,6 +191,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status (0 on success, 2 on a usage or input error, 130 after Ctrl-C).
     """
+    with warnings.catch_warnings():  # restores the caller's showwarning afterwards
+        warnings.showwarning = _one_line_notes(warnings.showwarning)
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -7,6 +7,7 @@ wrong types and out-of-range values all fail this way (:class:`ConfigError`, a `
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -27,12 +28,14 @@ from shuffle_opacus.protocols import resolve_sensitivity
 from shuffle_opacus.suggestions import did_you_mean
 
 from .datasets import DatasetError, check_data
+from .renamed_keys import ConfigDeprecationWarning, rename_old_keys, renamed_path
 from .yaml_files import MAX_YAML_DEPTH, ConfigError, _parse_yaml
 
 __all__ = [
     "BASELINES",
     "ClientsConfig",
     "ALL_CURVES",
+    "ConfigDeprecationWarning",
     "ConfigError",
     "ExperimentConfig",
     "curve_names",
@@ -131,13 +134,17 @@ def _known_curve(name: str) -> str:
 
 
 class PrivacyConfig(_Section):
-    """Clipping, local noise and accounting."""
+    """Clipping, local noise and accounting.
+
+    ``curves`` lists the epsilon curves the run reports (see :mod:`.curves`); its old name
+    ``accountants`` is still read, with a note (:mod:`.renamed_keys`).
+    """
 
     clipping_norm: float = Field(gt=0, allow_inf_nan=False)
     noise_multiplier: float = Field(gt=0, allow_inf_nan=False)
     sensitivity: float | Literal["replace-one", "paper"] = "replace-one"
     delta: float = Field(default=1e-5, gt=0, lt=1, allow_inf_nan=False)
-    accountants: list[Annotated[str, AfterValidator(_known_curve)]] = Field(
+    curves: list[Annotated[str, AfterValidator(_known_curve)]] = Field(
         default_factory=lambda: ["pld", "proven", "exact", "theorem3", "no-shuffle", "central"],
         min_length=1,
     )
@@ -158,6 +165,16 @@ class PrivacyConfig(_Section):
     def _positive(cls, value: float | str) -> float | str:
         resolve_sensitivity(value)
         return value
+
+    @property
+    def accountants(self) -> list[str]:
+        """Deprecated (kept for one release): the old name of :attr:`curves`."""
+        warnings.warn(
+            "PrivacyConfig.accountants is the old name of PrivacyConfig.curves; use curves",
+            ConfigDeprecationWarning,
+            stacklevel=2,
+        )
+        return self.curves
 
 
 class OptimizerConfig(_Section):
@@ -305,15 +322,13 @@ class ExperimentConfig(_Section):
                 f"optimizer.warmup must be < training.rounds ({self.training.rounds}), got "
                 f"{self.optimizer.warmup}"
             )
-        if len(set(self.privacy.accountants)) != len(self.privacy.accountants):
-            raise ConfigError(
-                f"privacy.accountants must not repeat a name, got {self.privacy.accountants}"
-            )
+        if len(set(self.privacy.curves)) != len(self.privacy.curves):
+            raise ConfigError(f"privacy.curves must not repeat a name, got {self.privacy.curves}")
         allowed = curve_names(p.kind)
-        for name in self.privacy.accountants:
+        for name in self.privacy.curves:
             if name not in allowed:
                 raise ConfigError(
-                    f"privacy.accountants {name} is not available for protocol.kind {p.kind} "
+                    f"privacy.curves {name} is not available for protocol.kind {p.kind} "
                     f"(available: {', '.join(allowed)})"
                 )
 
@@ -449,15 +464,19 @@ def validate(raw: Any) -> ExperimentConfig:
         raw: The document (a mapping).
 
     Returns:
-        The validated :class:`ExperimentConfig`.
+        The validated :class:`ExperimentConfig`. A key under its old name
+        (``privacy.accountants``) is read under its new one with a
+        :class:`ConfigDeprecationWarning`.
 
     Raises:
-        ConfigError: on the first problem, as one line naming the field.
+        ConfigError: on the first problem, as one line naming the field (giving a key under
+            both its old and its new name included).
     """
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config must be a mapping of sections, got {type(raw).__name__}")
+    raw = rename_old_keys(raw)
     try:
-        config = ExperimentConfig.model_validate(dict(raw))
+        config = ExperimentConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_one_line(exc)) from None
     config.check_consistency()
@@ -472,7 +491,9 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
         overrides: Strings ``dotted.key=value``.
 
     Returns:
-        The updated copy.
+        The updated copy. An override of ``privacy.accountants`` (the old name) sets
+        ``privacy.curves``, with a :class:`ConfigDeprecationWarning`; one of either name
+        replaces the list whichever name the file gives it.
 
     Raises:
         ConfigError: for an override without ``=``, whose value is not YAML, or whose path
@@ -490,6 +511,7 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
             raise ConfigError(
                 f"--set expects a key of at most {MAX_YAML_DEPTH} levels, got {len(path)}"
             )
+        path = renamed_path(path, out)  # privacy.accountants is privacy.curves
         node: Any = out
         for part in path[:-1]:
             if part not in node or node[part] is None:

@@ -1,8 +1,8 @@
 """Epsilon after each round of the experiment, one curve per accountant.
 
-:class:`EpsilonCurves` computes every curve of ``privacy.accountants`` (:func:`curve_list`,
-:func:`curve_label`) by the library, from the run's history, with the call the Opacus
-accountant makes: after ``t`` rounds, :func:`shuffle_opacus.history_epsilon` of
+:class:`EpsilonCurves` computes every curve of the run plan (``privacy.curves``,
+:func:`curve_list`, :func:`curve_label`) by the library, from the run's history, with the call
+the Opacus accountant makes: after ``t`` rounds, :func:`shuffle_opacus.history_epsilon` of
 ``[(noise_multiplier, sample_rate, t)]``, the analysis sigma being the local noise multiplier
 over ``privacy.sensitivity``. A curve depends only on the config, never on which clients
 checked in, so a resumed run reproduces it exactly. The curves are ``pld`` (the default and the
@@ -24,16 +24,17 @@ import functools
 import math
 import warnings
 
-from shuffle_opacus import analysis_sigma, get_protocol, history_epsilon
+from shuffle_opacus import history_epsilon
 from shuffle_opacus.analysis import EpsilonResult, OrderCapWarning
 from shuffle_opacus.analysis.approximate.baselines import (
     RoundProfile,
     composed_epsilon,
     round_profile,
 )
-from shuffle_opacus.protocols import SENSITIVITIES, resolve_sensitivity
+from shuffle_opacus.protocols import SENSITIVITIES
 
 from .config import BASELINES, ExperimentConfig, curve_names
+from .plan import REPLACE_ONE, RunPlan, as_plan
 
 __all__ = [
     "CURVE_LABELS",
@@ -59,34 +60,44 @@ CURVE_LABELS: dict[str, str] = {
     "replace-one": "replace-one: the guarantee (this package, pld)",
 }
 
-#: The curve every run reports at replace-one sensitivity when its config uses a smaller one.
-REPLACE_ONE = "replace-one"
-
 #: The proven bound (method ``proven``): published theorems only, no assumption on where the
 #: other clients' updates lie; computed under replace-one adjacency whatever the sensitivity.
 PROVEN = "proven"
 
 
-def curve_list(config: ExperimentConfig) -> tuple[str, ...]:
-    """Return the curves of a run: ``privacy.accountants``, then ``replace-one`` if needed.
+def curve_list(plan: RunPlan | ExperimentConfig) -> tuple[str, ...]:
+    """Return the curves of a run: ``privacy.curves``, then ``replace-one`` if needed.
 
     A run whose ``privacy.sensitivity`` is below replace-one's 2 C (the paper's convention)
     also reports its guarantee under replace-one adjacency, so that its headline is one.
+
+    Args:
+        plan: The run plan (:func:`~.plan.build_plan`); a config is still accepted.
+
+    Returns:
+        The plan's :attr:`~.plan.RunPlan.curves`.
     """
-    names = tuple(config.privacy.accountants)
-    if resolve_sensitivity(config.privacy.sensitivity) < SENSITIVITIES["replace-one"]:
-        names += (REPLACE_ONE,)
-    return names
+    return as_plan(plan).curves
 
 
-def curve_label(name: str, config: ExperimentConfig) -> str:
-    """Return the legend label of curve ``name``; below replace-one it names the convention."""
+def curve_label(name: str, plan: RunPlan | ExperimentConfig) -> str:
+    """Return the legend label of curve ``name``; below replace-one it names the convention.
+
+    Args:
+        name: A curve of the run.
+        plan: The run plan; a config is still accepted.
+
+    Returns:
+        :data:`CURVE_LABELS`'s label (the name if it has none), with the sensitivity convention
+        where the plan's is below replace-one.
+    """
     label = CURVE_LABELS.get(name, name)
-    sens = resolve_sensitivity(config.privacy.sensitivity)
-    if name in _CONVENTION_DEPENDENT and sens < SENSITIVITIES["replace-one"]:
+    plan = as_plan(plan)
+    sens = plan.sensitivity
+    if name in _CONVENTION_DEPENDENT and plan.below_replace_one:
         paper = sens == SENSITIVITIES["paper"]
         label += ", paper's convention (sensitivity C)" if paper else f", sensitivity {sens:g} C"
-    elif name == PROVEN and sens < SENSITIVITIES["replace-one"]:
+    elif name == PROVEN and plan.below_replace_one:
         label += ", replace-one (2C)"  # beside curves of the convention, say which it is not
     return label
 
@@ -104,36 +115,39 @@ SPARSE_CURVES: frozenset[str] = frozenset({*BASELINES, PROVEN})
 
 
 class EpsilonCurves:
-    """Epsilon after ``t`` rounds for each configured curve.
+    """Epsilon after ``t`` rounds for each curve of a run plan.
 
     Args:
-        config: The validated experiment config.
-        population: Number of clients (the training set size actually used).
+        plan: The run plan (:func:`~.plan.build_plan`); a validated config is still accepted.
+        population: Number of clients (the training set size actually used), when it is not
+            the plan's.
+
+    Raises:
+        ValueError: for a curve the plan's protocol does not have.
     """
 
-    def __init__(self, config: ExperimentConfig, population: int) -> None:
-        self.names: tuple[str, ...] = curve_list(config)
-        self.delta = config.privacy.delta
-        self.protocol = get_protocol(config.protocol.kind)
-        self.population = population
-        self.noise_multiplier = config.privacy.noise_multiplier
-        self.sensitivity = config.privacy.sensitivity
-        self.sample_rate = self.protocol.sample_rate(
-            population=population,
-            rate=config.protocol.rate,
-            sample_size=config.protocol.sample_size,
-        )
+    def __init__(self, plan: RunPlan | ExperimentConfig, population: int | None = None) -> None:
+        plan = as_plan(plan)
+        if population is not None:
+            plan = plan.for_population(population)
+        self.plan = plan
+        self.names: tuple[str, ...] = plan.curves
+        self.delta = plan.delta
+        self.protocol = plan.protocol
+        self.population = plan.population
+        self.noise_multiplier = plan.noise_multiplier
+        self.sensitivity = plan.sensitivity_setting
+        self.sample_rate = plan.sample_rate
         self._profiles: dict[str, RoundProfile] = {}
         self._last: tuple[tuple[object, ...], EpsilonResult] | None = None
         allowed = curve_names(self.protocol.name)
         for name in self.names:
             if name not in allowed and name != REPLACE_ONE:
                 raise ValueError(
-                    f"privacy.accountants: {name} is not available for protocol "
-                    f"{self.protocol.name}"
+                    f"privacy.curves: {name} is not available for protocol {self.protocol.name}"
                 )
             if name == "clones":
-                self._profiles[name] = _clones_profile(config, population)
+                self._profiles[name] = _clones_profile(plan)
 
     def epsilon(self, name: str, rounds: int) -> float:
         """Return epsilon of curve ``name`` after ``rounds`` rounds at the config's delta.
@@ -168,7 +182,7 @@ class EpsilonCurves:
             rounds: Rounds completed.
             lower: Also compute the optimistic estimate of a ``pld`` result.
         """
-        return self._history(rounds, method=None, lower=lower, sensitivity="replace-one")
+        return self._history(rounds, method=None, lower=lower, replace_one=True)
 
     def proven(self, rounds: int) -> EpsilonResult:
         """Epsilon after ``rounds`` rounds by the proven bound (method ``proven``).
@@ -181,7 +195,7 @@ class EpsilonCurves:
         Args:
             rounds: Rounds completed (at least 1).
         """
-        return self._history(rounds, method=PROVEN, sensitivity="replace-one")
+        return self._history(rounds, method=PROVEN, replace_one=True)
 
     def convention(self, rounds: int) -> EpsilonResult:
         """Epsilon by the accountant's default method at the config's own sensitivity.
@@ -202,10 +216,12 @@ class EpsilonCurves:
         method: str | None,
         reference: str | None = None,
         lower: bool = False,
-        sensitivity: float | str | None = None,
+        replace_one: bool = False,
     ) -> EpsilonResult:
-        sens = self.sensitivity if sensitivity is None else sensitivity
-        key = (rounds, method, reference, lower, resolve_sensitivity(sens))
+        # The plan's sensitivity as written, or replace-one (the guarantee and ``proven``).
+        sens = "replace-one" if replace_one else self.sensitivity
+        resolved = SENSITIVITIES["replace-one"] if replace_one else self.plan.sensitivity
+        key = (rounds, method, reference, lower, resolved)
         if self._last is not None and self._last[0] == key:
             return self._last[1]
         with warnings.catch_warnings():
@@ -238,14 +254,12 @@ class EpsilonCurves:
         }
 
 
-def _clones_profile(config: ExperimentConfig, population: int) -> RoundProfile:
-    delta = config.privacy.delta
+def _clones_profile(plan: RunPlan) -> RoundProfile:
     # Per-round deltas down to delta / (10 * rounds) and six decades below, for the best split.
-    decades = math.log10(10.0 * max(1, config.training.rounds)) + 6.0
-    rate = config.protocol.rate  # None unless the protocol is check-in
-    # The clipping ball's diameter is 2 C: the replace-one sensitivity.
-    sigma = analysis_sigma(config.privacy.noise_multiplier, "replace-one")
-    return _cached_profile(population, sigma, delta, rate, decades)
+    decades = math.log10(10.0 * max(1, plan.rounds)) + 6.0
+    # The clipping ball's diameter is 2 C: the replace-one sensitivity. The rate is None unless
+    # the protocol is check-in.
+    return _cached_profile(plan.population, plan.replace_one_sigma, plan.delta, plan.rate, decades)
 
 
 @functools.lru_cache(maxsize=8)

@@ -6,10 +6,11 @@ import math
 from typing import Any
 
 from shuffle_opacus.analysis.limits import PldRangeError
-from shuffle_opacus.protocols import sensitivity_assumptions, sensitivity_label
+from shuffle_opacus.protocols import sensitivity_label
 
 from .config import ConfigError, ExperimentConfig
 from .curves import PROVEN, REPLACE_ONE, EpsilonCurves
+from .plan import RunPlan, as_plan
 from .session import Session
 
 __all__ = ["guarantee_record", "proven_record", "rests_on"]
@@ -20,6 +21,9 @@ _ROUTES = {
     "clones": "the reports' clones pair, Theorem 3.8 of arXiv:2012.12803",
     "gaussian": "the local Gaussian alone, no amplification by shuffling proven at this noise",
 }
+
+#: How the guarantee's sensitivity is named: replace-one, whatever the config's convention.
+_REPLACE_ONE_LABEL = sensitivity_label("replace-one")
 
 #: The secret coins each protocol's guarantees need besides the noise and the shuffle.
 _COINS = {"checkin": ", secret check-in coins", "subsampled": ", secret sampling coins"}
@@ -60,18 +64,18 @@ def proven_record(curves: EpsilonCurves, rounds: int) -> dict[str, Any]:
         "delta_pld": details.get("delta_pld"),
         "delta_coupling": details.get("delta_coupling"),
         "details": details,
-        "sensitivity": sensitivity_label("replace-one"),
+        "sensitivity": _REPLACE_ONE_LABEL,
         "assumptions": list(curves.protocol.analysis.assumptions_of(PROVEN)),
     }
 
 
 def guarantee_record(
-    config: ExperimentConfig, curves: EpsilonCurves, rounds: int
+    plan: RunPlan | ExperimentConfig, curves: EpsilonCurves, rounds: int
 ) -> dict[str, Any]:
     """Return what a run of ``rounds`` rounds may claim (for the summary and summary.json).
 
     Args:
-        config: The run's config.
+        plan: The run plan (:func:`~.plan.build_plan`); the run's config is still accepted.
         curves: Its epsilon curves.
         rounds: Rounds released.
 
@@ -82,6 +86,7 @@ def guarantee_record(
         ``assumptions`` and ``seed``; when ``proven`` is a curve of the run, also ``proven``
         (:func:`proven_record`) and ``rests_on`` (:func:`rests_on`, what each epsilon rests on).
     """
+    plan = as_plan(plan)
     result = curves.guarantee(rounds, lower=True) if rounds else None
     protocol = curves.protocol
     record: dict[str, Any] = {
@@ -89,22 +94,22 @@ def guarantee_record(
         "method": result.method if result is not None else None,
         "epsilon_lower": result.epsilon_lower if result is not None else None,
         "note": result.note if result is not None else None,
-        "delta": config.privacy.delta,
+        "delta": plan.delta,
         "neighbouring": protocol.analysis.neighbouring,
-        "unit": "one client" if config.clients is None else "one client (all its examples)",
-        "sensitivity": sensitivity_label("replace-one"),
+        "unit": plan.unit,
+        "sensitivity": _REPLACE_ONE_LABEL,
         "assumptions": list(protocol.analysis.assumptions),
         "seed": (
-            f"{config.seed} (given): a reproducible simulation; its epsilon does not hold "
+            f"{plan.seed} (given): a reproducible simulation; its epsilon does not hold "
             f"against anyone who knows the seed (a deployment draws its coins from the OS)"
         ),
     }
     if REPLACE_ONE in curves.names and rounds:
         # The config's own convention, beside the guarantee and labelled with what it assumes.
         record["convention"] = {
-            "sensitivity": sensitivity_label(config.privacy.sensitivity),
+            "sensitivity": plan.sensitivity_label,
             "epsilon": curves.convention(rounds).epsilon,
-            "assumptions": list(sensitivity_assumptions(config.privacy.sensitivity)),
+            "assumptions": list(plan.sensitivity_assumptions),
         }
     if PROVEN in curves.names and rounds:
         record["proven"] = proven_record(curves, rounds)
@@ -120,10 +125,10 @@ def _check_curves(session: Session) -> None:
     training rather than at the summary.
 
     Raises:
-        ConfigError: one line naming ``privacy.accountants`` when ``pld`` or ``proven`` cannot
+        ConfigError: one line naming ``privacy.curves`` when ``pld`` or ``proven`` cannot
             evaluate the setting.
     """
-    rounds = session.config.training.rounds
+    rounds = session.plan.rounds
     fixes = {"pld": "the exact curve is the Rényi bound", PROVEN: "pld is the tight guarantee"}
     for name, fix in fixes.items():
         if name not in session.curves.names:
@@ -132,7 +137,7 @@ def _check_curves(session: Session) -> None:
             session.curves.epsilon(name, rounds)
         except PldRangeError as exc:
             raise ConfigError(
-                f"privacy.accountants: {name} cannot evaluate this setting "
+                f"privacy.curves: {name} cannot evaluate this setting "
                 f"({str(exc).rstrip('.')}); remove it ({fix})"
             ) from None
 
@@ -148,7 +153,7 @@ def _check_history(session: Session, rounds: int, where: str) -> None:
         ConfigError: one line naming ``where`` the history came from.
     """
     held = [entry for entry in session.engine.accountant.history if entry[2]]
-    sigma = float(session.config.privacy.noise_multiplier)
+    sigma = float(session.plan.noise_multiplier)
     expected = [(sigma, session.curves.sample_rate, rounds)] if rounds else []
     if held != expected:
         raise ConfigError(
@@ -166,8 +171,7 @@ def _check_accountant(session: Session, rounds: int) -> None:
         ConfigError: one line, if they differ.
     """
     _check_history(session, rounds, "at the end of the run")
-    delta = session.config.privacy.delta
-    theirs = session.engine.accountant.epsilon_result(delta)
+    theirs = session.engine.accountant.epsilon_result(session.plan.delta)
     curve = "pld" if theirs.method == "pld" else "exact"
     if curve not in session.curves.names:
         return

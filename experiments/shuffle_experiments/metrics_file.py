@@ -10,16 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, ExperimentConfig
-from .curves import curve_list
 from .files import cause as _cause
+from .plan import RunPlan, as_plan
 from .session import Session
 
 __all__: list[str] = []
 
 
-def _metric_columns(config: ExperimentConfig) -> list[str]:
+def _metric_columns(plan: RunPlan | ExperimentConfig) -> list[str]:
     base = ["round", "participants", "train_loss", "test_loss", "test_accuracy"]
-    return base + [f"eps_{name}" for name in curve_list(config)]
+    return base + [f"eps_{name}" for name in as_plan(plan).curves]
 
 
 def _fmt(value: float | None) -> str:
@@ -28,13 +28,7 @@ def _fmt(value: float | None) -> str:
     return repr(float(value))
 
 
-def _evaluated(config: ExperimentConfig, round_number: int) -> bool:
-    """Whether round ``round_number`` (1-based) evaluates the model."""
-    t = config.training
-    return round_number % t.eval_every == 0 or round_number == t.rounds
-
-
-def _row_is_sound(config: ExperimentConfig, row: dict[str, str], round_number: int) -> bool:
+def _row_is_sound(plan: RunPlan, row: dict[str, str], round_number: int) -> bool:
     """Whether a ``metrics.csv`` row of a round holds every measured value that round must have.
 
     The epsilon columns are not judged here: :func:`_checked_epsilons` recomputes them.
@@ -47,7 +41,7 @@ def _row_is_sound(config: ExperimentConfig, row: dict[str, str], round_number: i
                 float(row[key])
     except ValueError:
         return False
-    return bool(row["test_accuracy"]) == _evaluated(config, round_number)
+    return bool(row["test_accuracy"]) == plan.evaluated(round_number)
 
 
 def metrics_row(
@@ -78,7 +72,7 @@ def metrics_row(
         "test_loss": _fmt(test_loss),
         "test_accuracy": _fmt(accuracy),
     }
-    eps = session.curves.row(round_number, sparse=_evaluated(session.config, round_number))
+    eps = session.curves.row(round_number, sparse=session.plan.evaluated(round_number))
     row.update({f"eps_{k}": _fmt(v) for k, v in eps.items()})
     return row, eps
 
@@ -118,7 +112,7 @@ def _checked_epsilons(
     names = session.curves.names
 
     def computed(t: int) -> dict[str, str]:
-        values = session.curves.row(t, sparse=_evaluated(session.config, t))
+        values = session.curves.row(t, sparse=session.plan.evaluated(t))
         return {f"eps_{name}": _fmt(value) for name, value in values.items()}
 
     def digest_of(table: list[dict[str, str]]) -> Any:
@@ -171,8 +165,8 @@ def _metrics_rows(
             header, a round that is not an integer or is out of range, a round listed twice, or
             participants that do not add up to the checkpoint's.
     """
-    config = session.config
-    columns = _metric_columns(config)
+    plan = session.plan
+    columns = _metric_columns(plan)
     fix = f"restore it, or delete it to rebuild rounds 1-{up_to} from the checkpoint"
     try:
         text: str | None = path.read_text(encoding="utf-8")
@@ -214,7 +208,7 @@ def _metrics_rows(
             )
         seen[round_number] = number
         row = dict(zip(columns, fields, strict=False))
-        if len(fields) == len(columns) and _row_is_sound(config, row, round_number):
+        if len(fields) == len(columns) and _row_is_sound(plan, row, round_number):
             rows[round_number] = row
     missing = [r for r in range(1, up_to + 1) if r not in rows]
     if cut_short and not missing:

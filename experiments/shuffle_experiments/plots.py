@@ -36,6 +36,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from .config import ConfigError, load_config  # noqa: E402
 from .curves import CURVE_LABELS, PROVEN, REPLACE_ONE, curve_label  # noqa: E402
 from .files import PLOT_STEMS, write_file  # noqa: E402
+from .plan import RunPlan, build_plan  # noqa: E402
 
 __all__ = ["GUARANTEE_PROVEN", "GUARANTEE_TIGHT", "MAX_DECADES", "plot_run", "split_panels"]
 
@@ -71,9 +72,9 @@ def _guarantees(names: Sequence[str]) -> dict[str, str]:
     return marks
 
 
-def _legend(name: str, config: Any, marks: dict[str, str]) -> str:
+def _legend(name: str, plan: RunPlan, marks: dict[str, str]) -> str:
     """Return the legend entry of curve ``name``: its label, under its mark if a guarantee."""
-    label = curve_label(name, config)
+    label = curve_label(name, plan)
     if name == REPLACE_ONE:
         label = f"{CURVE_LABELS['pld']}, replace-one"
     return f"{marks[name]}:\n{label}" if name in marks else label
@@ -187,11 +188,12 @@ def _save(
     return [csv_path, png_path]
 
 
-def plot_run(run_dir: str | Path) -> list[Path]:
+def plot_run(run_dir: str | Path, plan: RunPlan | None = None) -> list[Path]:
     """Draw both figures of a run into its directory.
 
     Args:
         run_dir: A run directory (complete or not).
+        plan: The run's plan, when the caller holds it; by default read from its config.yaml.
 
     Returns:
         The files written: two PNGs and two CSVs.
@@ -203,16 +205,16 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{run_dir} has no config.yaml; is it a run directory?")
-    config = load_config(run_dir / "config.yaml")
+    if plan is None:
+        plan = build_plan(load_config(run_dir / "config.yaml"))
     names, rows = _read(run_dir)
-    delta = config.privacy.delta
-    p = config.protocol
+    delta = plan.delta
     setting = (
-        f"{p.kind}"
-        + (f", rate {p.rate:g}" if p.rate is not None else "")
-        + (f", m {p.sample_size}" if p.sample_size is not None else "")
-        + f", local sigma {config.privacy.noise_multiplier:g}, C {config.privacy.clipping_norm:g}"
-        + f", sensitivity {config.privacy.sensitivity}"
+        f"{plan.protocol.name}"
+        + (f", rate {plan.rate:g}" if plan.rate is not None else "")
+        + (f", m {plan.sample_size}" if plan.sample_size is not None else "")
+        + f", local sigma {plan.noise_multiplier:g}, C {plan.clipping_norm:g}"
+        + f", sensitivity {plan.sensitivity_setting}"
     )
     evals = [r for r in rows if r["test_accuracy"]]
     eps_columns = [f"eps_{n}" for n in names]
@@ -232,7 +234,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         axes = [ax]
     if not evals:
         # Nothing to draw yet: say so on the figure instead of an empty frame with a legend.
-        every = config.training.eval_every
+        every = plan.eval_every
         ax.text(
             0.5, 0.5,
             f"no evaluation yet: the model is evaluated every {every} rounds and at the last; "
@@ -246,13 +248,13 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         xs = [float(r[f"eps_{name}"]) for r in have]
         ys = [100.0 * float(r["test_accuracy"]) for r in have]
         style = {"marker": "o", "markersize": 3, **_STYLE.get(name, {})}
-        (ax if name in main else side).plot(xs, ys, label=_legend(name, config, marks), **style)
+        (ax if name in main else side).plot(xs, ys, label=_legend(name, plan, marks), **style)
     if evals:
         for panel in axes:
             panel.set_xscale("log")
     ax.set_xlabel(f"epsilon (delta = {delta:g})")
     ax.set_ylabel("test accuracy (%)")
-    title = f"{config.name}: accuracy vs privacy\n{setting}"
+    title = f"{plan.config.name}: accuracy vs privacy\n{setting}"
     columns = ["round", "test_accuracy", *eps_columns]
     accuracy_stem, rounds_stem = PLOT_STEMS
     written = _save(fig, axes, run_dir / accuracy_stem, title, columns, evals)
@@ -265,10 +267,10 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         dots = {"marker": "o", "markersize": 4} if len(have) < len(rows) else {}
         style = {**_STYLE.get(name, {}), **dots}
         ax.plot([int(r["round"]) for r in have], [float(r[f"eps_{name}"]) for r in have],
-                label=_legend(name, config, marks), **style)  # fmt: skip
+                label=_legend(name, plan, marks), **style)  # fmt: skip
     ax.set_yscale("log")
     ax.set_xlabel("rounds")
     ax.set_ylabel(f"epsilon (delta = {delta:g})")
-    title = f"{config.name}: privacy spent\n{setting}"
+    title = f"{plan.config.name}: privacy spent\n{setting}"
     written += _save(fig, [ax], run_dir / rounds_stem, title, ["round", *eps_columns], rows)
     return written

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from shuffle_opacus import get_protocol
 from shuffle_opacus.plan_checks import check_plan_values
 
 from .config import ConfigError, ExperimentConfig
-from .datasets import MNIST_TRAIN_IMAGES, DatasetError, check_data
+from .datasets import MNIST_TRAIN_IMAGES
+from .plan import RunPlan, as_plan
 
 __all__ = ["CONFIG_NAMES", "MNIST_TRAIN_IMAGES", "check_plan"]
 
@@ -30,7 +30,7 @@ CONFIG_NAMES = {
 }
 
 
-def check_plan(config: ExperimentConfig) -> None:
+def check_plan(plan: RunPlan | ExperimentConfig) -> None:
     """Refuse a config whose training plan the library would refuse, before any file exists.
 
     The population is ``clients.count`` at user level, else ``data.train_subset`` (all the
@@ -38,29 +38,22 @@ def check_plan(config: ExperimentConfig) -> None:
     default, in which the models are built.
 
     Args:
-        config: A validated config.
+        plan: The run plan (:func:`~.plan.build_plan`); a validated config is still accepted.
 
     Raises:
         ConfigError: one line naming the config key and its allowed range.
     """
-    p = config.protocol
-    try:
-        examples = check_data(config.data, config.clients)
-    except DatasetError as exc:
-        raise ConfigError(str(exc)) from None
-    population = examples if config.clients is None else config.clients.count
-    record = get_protocol(p.kind)
+    plan = as_plan(plan)
+    config = plan.config
     try:
         check_plan_values(
-            noise_multiplier=config.privacy.noise_multiplier,
-            max_norm=config.privacy.clipping_norm,
-            population=population,
-            sample_rate=record.sample_rate(
-                population=population, rate=p.rate, sample_size=p.sample_size
-            ),
-            sensitivity=config.privacy.sensitivity,
-            rounds=config.training.rounds,
-            protocol=record,
+            noise_multiplier=plan.noise_multiplier,
+            max_norm=plan.clipping_norm,
+            population=plan.population,
+            sample_rate=plan.sample_rate,
+            sensitivity=plan.sensitivity_setting,
+            rounds=plan.rounds,
+            protocol=plan.protocol,
             dtype=torch.get_default_dtype(),
             lr=config.optimizer.lr,
             client_lr=config.clients.client_lr if config.clients is not None else None,

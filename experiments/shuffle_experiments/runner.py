@@ -33,7 +33,7 @@ from .checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
 from .config import ConfigError, ExperimentConfig, load_config, validate
 from .console import auto_threads, machine_load, usable_cores
 from .console import progress as _progress
-from .curves import PROVEN, REPLACE_ONE, curve_label, curve_list
+from .curves import PROVEN, REPLACE_ONE, curve_label
 from .files import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
@@ -51,6 +51,7 @@ from .metrics_file import (
     _metrics_rows,
     metrics_row,
 )
+from .plan import RunPlan, build_plan
 from .preflight import check_plan
 from .rundir import (
     _make_dir,
@@ -141,18 +142,17 @@ class RunInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-def _provenance(config: ExperimentConfig, run_dir: Path) -> dict[str, Any]:
+def _provenance(plan: RunPlan, run_dir: Path) -> dict[str, Any]:
     """Return the run's provenance record (config hashed as saved in the run directory)."""
     saved = run_dir / CONFIG_FILE
     text = saved.read_bytes() if saved.is_file() else None
-    given = "seed" in config.model_fields_set
-    return provenance(config_text=text, seed=config.seed, seed_given=given)
+    return provenance(config_text=text, seed=plan.seed, seed_given=plan.seed_given)
 
 
 def _header(session: Session, run_dir: Path, start: int) -> list[str]:
     """Return the lines printed before training: where the run is and what it will claim."""
-    config = session.config
-    t, p = config.training, config.protocol
+    plan, config = session.plan, session.config
+    t = config.training
     load = machine_load()
     cores = usable_cores()
     load_text = "" if load is None else f", load {load:.1f}"
@@ -160,7 +160,7 @@ def _header(session: Session, run_dir: Path, start: int) -> list[str]:
         f"run directory   {run_dir}",
         f"config          {config.name} ({run_dir / CONFIG_FILE})",
         f"device          {session.device}, {t.threads} threads ({cores} usable cores{load_text})",
-        *(f"provenance      {line}" for line in provenance_lines(_provenance(config, run_dir))),
+        *(f"provenance      {line}" for line in provenance_lines(_provenance(plan, run_dir))),
     ]
     free = max(1, cores - round(load)) if load is not None else cores
     if session.device.type == "cpu" and t.threads > free:
@@ -170,31 +170,34 @@ def _header(session: Session, run_dir: Path, start: int) -> list[str]:
             f"in their last digits from a run with {t.threads})"
         )
     who = (
-        f"rate {p.rate}" if p.rate is not None else f"{p.sample_size or session.population} a round"
+        f"rate {plan.rate}"
+        if plan.rate is not None
+        else f"{plan.sample_size or plan.population} a round"
     )
     lines.append(
-        f"protocol        {p.kind}: {session.population:,} clients, {who}, {t.rounds} rounds "
-        f"(from round {start + 1}), seed {config.seed} (given: a reproducible simulation)"
+        f"protocol        {plan.protocol.name}: {plan.population:,} clients, {who}, "
+        f"{plan.rounds} rounds (from round {start + 1}), seed {plan.seed} (given: a "
+        f"reproducible simulation)"
     )
     names = session.curves.names
     headline = "pld" if "pld" in names else names[0]
     # The proven bound first: _check_curves has just computed it at the last round (kept).
     proven = (
-        f"; proven {session.curves.epsilon(PROVEN, t.rounds):.6g}"
+        f"; proven {session.curves.epsilon(PROVEN, plan.rounds):.6g}"
         if PROVEN in names and headline != PROVEN
         else ""
     )
-    budget = session.curves.epsilon(headline, t.rounds)
+    budget = session.curves.epsilon(headline, plan.rounds)
     lines.append(
-        f"privacy         noise multiplier {config.privacy.noise_multiplier}, clipping "
-        f"{config.privacy.clipping_norm}; epsilon after all rounds {budget:.6g} "
-        f"({headline}, delta {config.privacy.delta:g}){proven}"
+        f"privacy         noise multiplier {plan.noise_multiplier}, clipping "
+        f"{plan.clipping_norm}; epsilon after all rounds {budget:.6g} "
+        f"({headline}, delta {plan.delta:g}){proven}"
     )
     return lines
 
 
 def _train(
-    config: ExperimentConfig,
+    plan: RunPlan,
     run_dir: Path,
     *,
     state: dict[str, Any] | None,
@@ -205,7 +208,7 @@ def _train(
 ) -> RunResult:
     start = int(state["round"]) if state is not None else 0
     if session is None:  # a new run opens (and checks) its session before its directory
-        session = open_session(config, run_dir, start)
+        session = open_session(plan, run_dir, start)
         if state is not None:
             try:
                 session.load(state)
@@ -219,7 +222,8 @@ def _train(
         _check_curves(session)
     seconds = float(state["seconds"]) if state is not None else 0.0
     participants_total = int(state["participants"]) if state is not None else 0
-    columns = _metric_columns(config)
+    plan, config = session.plan, session.config  # the plan over the session's population
+    columns = _metric_columns(plan)
     metrics_path = run_dir / METRICS_FILE
     # Every check has passed once the rows are read and their epsilons checked; only then is
     # anything written.
@@ -233,9 +237,9 @@ def _train(
             last_acc = float(row["test_accuracy"])
         if row.get(f"eps_{PROVEN}"):
             last_proven = float(row[f"eps_{PROVEN}"])
-    rounds = config.training.rounds
+    rounds = plan.rounds
     t = config.training
-    names = curve_list(config)
+    names = plan.curves
     first_curve = REPLACE_ONE if REPLACE_ONE in names else names[0]  # the guarantee
     done = start
     for line in _header(session, run_dir, start):
@@ -330,16 +334,16 @@ def _train(
             rounds=rounds,
             test_accuracy=last_acc,
             epsilon=session.curves.row(done) if done else {},
-            delta=config.privacy.delta,
+            delta=plan.delta,
             seconds=seconds,
             mean_participants=participants_total / done if done else 0.0,
-            labels={name: curve_label(name, config) for name in session.curves.names},
+            labels={name: curve_label(name, plan) for name in session.curves.names},
         )
         if done:
             from .plots import plot_run
 
-            partial.plots = plot_run(run_dir)
-            partial.guarantee = guarantee_record(config, session.curves, done)
+            partial.plots = plot_run(run_dir, plan)
+            partial.guarantee = guarantee_record(plan, session.curves, done)
         raise RunInterrupted(partial)
     if done != rounds and (stop_after is None or done < stop_after):
         # Only reachable if the sampler produced fewer rounds than configured.
@@ -350,18 +354,18 @@ def _train(
         rounds=rounds,
         test_accuracy=last_acc,
         epsilon=session.curves.row(done),
-        delta=config.privacy.delta,
+        delta=plan.delta,
         seconds=seconds,
         mean_participants=participants_total / done if done else 0.0,
-        labels={name: curve_label(name, config) for name in session.curves.names},
+        labels={name: curve_label(name, plan) for name in session.curves.names},
     )
     if done == rounds:
         from .plots import plot_run
 
         _check_accountant(session, done)  # before the summary and the plots are written
-        result.guarantee = guarantee_record(config, session.curves, done)
-        result.provenance = _provenance(config, run_dir)
-        result.plots = plot_run(run_dir)
+        result.guarantee = guarantee_record(plan, session.curves, done)
+        result.provenance = _provenance(plan, run_dir)
+        result.plots = plot_run(run_dir, plan)
         write_file(run_dir / SUMMARY_FILE, json.dumps(result.to_dict(), indent=2) + "\n")
     return result
 
@@ -398,11 +402,12 @@ def run(
             is created).
     """
     config = validate(config.model_dump(mode="json"))
-    check_plan(config)  # before anything is created, as the device, the data and the curves
-    resolve_device(config.training.device)
     if config.training.threads == "auto":
         training = config.training.model_copy(update={"threads": auto_threads()})
         config = config.model_copy(update={"training": training})
+    plan = build_plan(config)  # the one reading of the config that every part of the run uses
+    check_plan(plan)  # before anything is created, as the device, the data and the curves
+    resolve_device(config.training.device)
     own_dir = run_dir is None
     if run_dir is not None:
         run_dir = Path(run_dir)
@@ -411,7 +416,7 @@ def run(
         if run_dir.is_dir() and any(run_dir.iterdir()):
             raise ConfigError(f"run directory {run_dir} is not empty; use --resume to continue it")
     # The data, the model, the engine (the library's checks of the plan) and the curves.
-    session = open_session(config, run_dir or Path(config.output_dir) / config.name, 0)
+    session = open_session(plan, run_dir or Path(config.output_dir) / config.name, 0)
     _check_curves(session)
     if run_dir is None:
         run_dir = new_run_dir(config)
@@ -425,7 +430,7 @@ def run(
         if own_dir:
             _point_latest_at(run_dir)
         return _train(
-            config,
+            plan,
             run_dir,
             state=None,
             progress=progress,
@@ -561,5 +566,10 @@ def _resume(
             echo(f"resuming {run_dir} at round {done + 1} of {rounds}")
         run_dir = run_dir.resolve()  # the summary names the run's directory, not ``latest``
         return _train(
-            config, run_dir, state=state, progress=progress, stop_after=stop_after, echo=echo
+            build_plan(config),
+            run_dir,
+            state=state,
+            progress=progress,
+            stop_after=stop_after,
+            echo=echo,
         )

@@ -2,7 +2,7 @@
 
 :class:`ExampleSession` trains with :func:`shuffle_opacus.make_private` (one example, one client),
 :class:`UserSession` with :func:`shuffle_opacus.clients.make_private_clients` (clients train
-locally); :func:`open_session` builds the one the config asks for.
+locally); :func:`open_session` builds the one the run plan (:mod:`.plan`) asks for.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import DataLoader, TensorDataset
 
 import shuffle_opacus
-from shuffle_opacus import get_protocol
 from shuffle_opacus.clients import (
     ClientPartition,
     FederatedTrainer,
@@ -40,6 +39,7 @@ from .config import ConfigError, ExperimentConfig
 from .curves import EpsilonCurves
 from .datasets import MNIST_MEAN, MNIST_STD, DatasetError, dataset_tensors
 from .models import build_model
+from .plan import RunPlan, as_plan
 
 __all__ = [
     "ExampleSession",
@@ -121,11 +121,18 @@ class Session(abc.ABC):
 
     The common part: data, model, server optimizer, moving average, noise generator and the
     engine. A subclass prepares the protocol (:meth:`_prepare`) and runs a round
-    (:meth:`_round`); :func:`open_session` picks it from the config.
+    (:meth:`_round`); :func:`open_session` picks it from the plan.
+
+    Args:
+        plan: The run plan (:func:`~.plan.build_plan`); a validated config is still accepted.
+        run_dir: The run directory.
+        start_round: Rounds already released (0 for a new run).
 
     Attributes:
+        plan: The run plan over :attr:`population` clients.
+        config: The plan's config.
         sampler: The protocol's sampler (round ``t``'s clients are ``sampler.batch(t)``).
-        curves: The epsilon curves of the config over :attr:`population` clients.
+        curves: The epsilon curves of the plan over :attr:`population` clients.
     """
 
     sampler: ShuffleRoundSampler
@@ -134,8 +141,9 @@ class Session(abc.ABC):
     plain_model: nn.Module
     server_optimizer: torch.optim.Optimizer
 
-    def __init__(self, config: ExperimentConfig, run_dir: Path, start_round: int) -> None:
-        self.config = config
+    def __init__(self, plan: RunPlan | ExperimentConfig, run_dir: Path, start_round: int) -> None:
+        self.plan = as_plan(plan)
+        self.config = config = self.plan.config
         self.run_dir = run_dir
         torch.set_num_threads(config.training.threads)
         self.device = resolve_device(config.training.device)
@@ -149,7 +157,7 @@ class Session(abc.ABC):
         #: The client of every training example in the dataset's own partition, or None.
         self.train_client = data.train_client
         self.population = int(self.train_x.shape[0])
-        torch.manual_seed(config.seed)
+        torch.manual_seed(self.plan.seed)
         try:  # a CNN refuses examples that are not 1 x 28 x 28 images, before drawing weights
             model = build_model(config.model.name, data.input_shape, data.num_classes)
         except ValueError as exc:
@@ -159,14 +167,16 @@ class Session(abc.ABC):
         # Copied before Opacus attaches its hooks to the model's layers.
         self.average = _Average(model, config.training.ema) if config.training.ema else None
         # The noise is drawn on the device that holds the gradients.
-        self.noise_generator = torch.Generator(device=self.device).manual_seed(config.seed + 1)
+        self.noise_generator = torch.Generator(device=self.device).manual_seed(self.plan.seed + 1)
         with warnings.catch_warnings():
             # Opacus's reminder that its RNG is not cryptographically secure: this is a
             # simulation whose noise must be reproducible from the seed.
             warnings.filterwarnings("ignore", message="Secure RNG turned off")
-            self.engine = PrivacyEngine(accountant=get_protocol(config.protocol.kind).accountant)
+            self.engine = PrivacyEngine(accountant=self.plan.protocol.accountant)
         self._prepare(model, optimizer, start_round)
-        self.curves = EpsilonCurves(config, self.population)
+        # The population the data gave (check_data counts the same; a stand-in data set may not).
+        self.plan = self.plan.for_population(self.population)
+        self.curves = EpsilonCurves(self.plan)
 
     @abc.abstractmethod
     def _prepare(
@@ -256,23 +266,23 @@ class ExampleSession(Session):
     def _prepare(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, start_round: int
     ) -> None:
-        config, p = self.config, self.config.protocol
+        plan = self.plan
         loader = DataLoader(TensorDataset(self.train_x, self.train_y), batch_size=1)
         self.model, self.optimizer, private_loader = shuffle_opacus.make_private(
             self.engine,
             module=model,
             optimizer=optimizer,
             data_loader=loader,
-            noise_multiplier=config.privacy.noise_multiplier,
-            max_grad_norm=config.privacy.clipping_norm,
-            rounds=config.training.rounds,
-            rate=p.rate,
-            sample_size=p.sample_size,
-            seed=config.seed,
+            noise_multiplier=plan.noise_multiplier,
+            max_grad_norm=plan.clipping_norm,
+            rounds=plan.rounds,
+            rate=plan.rate,
+            sample_size=plan.sample_size,
+            seed=plan.seed,
             start_round=start_round,
-            sensitivity=config.privacy.sensitivity,
-            noise_mode=config.privacy.noise_mode,
-            grad_sample_mode=config.training.grad_sample_mode,
+            sensitivity=plan.sensitivity_setting,
+            noise_mode=plan.noise_mode,
+            grad_sample_mode=self.config.training.grad_sample_mode,
             noise_generator=self.noise_generator,
         )
         # Index the tensors with the sampler's batches directly: the same rounds as the
@@ -322,17 +332,17 @@ class UserSession(Session):
     def _prepare(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, start_round: int
     ) -> None:
-        config, p = self.config, self.config.protocol
+        config, plan = self.config, self.plan
         c = config.clients
         assert c is not None
         labels = self.train_y.cpu().numpy()
         if c.partition == "iid":
-            partition = iid_partition(labels.size, c.count, seed=config.seed)
+            partition = iid_partition(labels.size, c.count, seed=plan.seed)
         elif c.partition == "dirichlet":
-            partition = dirichlet_partition(labels, c.count, alpha=c.alpha, seed=config.seed)
+            partition = dirichlet_partition(labels, c.count, alpha=c.alpha, seed=plan.seed)
         elif c.partition == "shards":
             partition = shard_partition(
-                labels, c.count, shards_per_client=c.shards_per_client, seed=config.seed
+                labels, c.count, shards_per_client=c.shards_per_client, seed=plan.seed
             )
         else:  # the dataset's own (the config checked that it has one of clients.count)
             partition = ClientPartition.from_client_ids(self.train_client, num_clients=c.count)
@@ -343,19 +353,19 @@ class UserSession(Session):
             data=(self.train_x, self.train_y),
             partition=partition,
             loss_fn=functools.partial(F.cross_entropy, reduction="none"),
-            noise_multiplier=config.privacy.noise_multiplier,
-            max_update_norm=config.privacy.clipping_norm,
+            noise_multiplier=plan.noise_multiplier,
+            max_update_norm=plan.clipping_norm,
             client_lr=c.client_lr,
             local_steps=c.local_steps,
             local_epochs=c.local_epochs,
             local_batch_size=c.local_batch_size,
-            rounds=config.training.rounds,
-            rate=p.rate,
-            sample_size=p.sample_size,
-            seed=config.seed,
+            rounds=plan.rounds,
+            rate=plan.rate,
+            sample_size=plan.sample_size,
+            seed=plan.seed,
             start_round=start_round,
-            sensitivity=config.privacy.sensitivity,
-            noise_mode=config.privacy.noise_mode,
+            sensitivity=plan.sensitivity_setting,
+            noise_mode=plan.noise_mode,
             average=c.average,
             noise_generator=self.noise_generator,
             client_chunk=c.chunk,
@@ -377,11 +387,18 @@ class UserSession(Session):
         return result.local_loss
 
 
-def open_session(config: ExperimentConfig, run_dir: Path, start_round: int) -> Session:
-    """Build the session of ``config``'s level, starting at ``start_round``.
+def open_session(plan: RunPlan | ExperimentConfig, run_dir: Path, start_round: int) -> Session:
+    """Build the session of the plan's level, starting at ``start_round``.
+
+    Args:
+        plan: The run plan (:func:`~.plan.build_plan`); a validated config is still accepted.
+        run_dir: The run directory.
+        start_round: Rounds already released (0 for a new run).
 
     Returns:
-        A :class:`UserSession` with a ``clients:`` section, else an :class:`ExampleSession`.
+        A :class:`UserSession` at user level (a ``clients:`` section), else an
+        :class:`ExampleSession`.
     """
-    kind = UserSession if config.clients is not None else ExampleSession
-    return kind(config, run_dir, start_round)
+    plan = as_plan(plan)
+    kind = UserSession if plan.user_level else ExampleSession
+    return kind(plan, run_dir, start_round)

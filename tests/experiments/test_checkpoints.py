@@ -35,8 +35,10 @@ import torch
 import yaml
 from shuffle_experiments import checkpoint, runner
 from shuffle_experiments.cli import main
-from shuffle_experiments.config import ConfigError, load_config
+from shuffle_experiments.config import ConfigDeprecationWarning, ConfigError, load_config
 from shuffle_experiments.data import load_mnist
+
+from shuffle_opacus.provenance import config_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
@@ -48,7 +50,7 @@ SMALL = [
     "training.rounds=24",
     "training.eval_every=4",
     "training.checkpoint_every=4",
-    "privacy.accountants=[exact]",
+    "privacy.curves=[exact]",
     # One torch thread: the suite runs two workers on two cores, and a second thread per worker
     # spins on a busy core (a run took two to four times as long with 2 threads as with 1).
     "training.threads=1",
@@ -181,6 +183,30 @@ def test_placement_may_change_between_sessions(stopped, reference):
     assert rows(stopped) == rows(reference)
 
 
+def test_a_run_begun_under_the_old_key_resumes_as_it_was_with_a_note(stopped, reference):
+    # A run checkpointed before privacy.accountants became privacy.curves: its config.yaml and
+    # its checkpoint's copy of the config both name the old key.
+    path = stopped / "config.yaml"
+    text = path.read_text()
+    assert text.count("\n  curves:\n") == 1
+    old_text = text.replace("\n  curves:\n", "\n  accountants:\n")
+    path.write_text(old_text)
+    ckpt = stopped / "checkpoint.pt"
+    state = torch.load(ckpt, weights_only=True)
+    privacy = state["config"]["privacy"]
+    state["config"]["privacy"] = {("accountants" if k == "curves" else k): v
+                                  for k, v in privacy.items()}  # fmt: skip
+    state["checksum"] = checkpoint.checksum(state)
+    torch.save(state, ckpt)
+    with pytest.warns(ConfigDeprecationWarning, match="privacy.curves") as notes:
+        result = runner.resume(stopped, progress=False, echo=quiet)
+    assert {str(n.message) for n in notes if n.category is ConfigDeprecationWarning}
+    assert rows(stopped) == rows(reference)
+    # Its config.yaml is kept as it was, so the hash that identifies the run is unchanged.
+    assert path.read_text() == old_text
+    assert result.provenance["config_hash"] == config_hash(old_text.encode())
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
@@ -247,7 +273,7 @@ def test_output_dir_that_is_a_file_is_one_line(tmp_path, capsys):
     argv = ["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--no-progress"]
     # One curve: the config is checked and the curves set up before the directory is made, and
     # the smoke config's clones curve alone takes seconds to set up (its round profile).
-    argv += ["--set", "privacy.accountants=[exact]"]
+    argv += ["--set", "privacy.curves=[exact]"]
     assert main([*argv, "--set", f"output_dir={blocker}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1

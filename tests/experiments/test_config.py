@@ -31,7 +31,7 @@ def with_value(path: str, value):
 def test_defaults_fill_in():
     cfg = validate(BASE)
     assert cfg.privacy.delta == 1e-5 and cfg.training.eval_every == 100
-    assert cfg.privacy.accountants == [
+    assert cfg.privacy.curves == [
         "pld", "proven", "exact", "theorem3", "no-shuffle", "central"
     ]  # fmt: skip
     assert cfg.data.source == "auto" and cfg.model.name == "cnn" and cfg.seed == 0
@@ -54,9 +54,9 @@ def test_defaults_fill_in():
         ("privacy.delta", 1, "privacy.delta must be < 1.0, got 1"),
         ("privacy.sensitivity", "l2", "privacy.sensitivity must be replace-one, paper or a"),
         ("privacy.sensitivity", -2, "privacy.sensitivity must be replace-one, paper or a"),
-        ("privacy.accountants", ["exact", "magic"], "privacy.accountants[1] must be one of"),
-        ("privacy.accountants", [], "privacy.accountants must not be empty"),
-        ("privacy.accountants", ["exact", "exact"], "must not repeat"),
+        ("privacy.curves", ["exact", "magic"], "privacy.curves[1] must be one of"),
+        ("privacy.curves", [], "privacy.curves must not be empty"),
+        ("privacy.curves", ["exact", "exact"], "must not repeat"),
         ("privacy.noise_mode", "central", "privacy.noise_mode must be one of"),
         ("optimizer", "sgd", "optimizer must be a mapping"),
         ("optimizer.momentum", 1.0, "optimizer.momentum must be < 1.0"),
@@ -90,10 +90,10 @@ def test_missing_sections_and_subsampled_rules():
     raw = with_value("protocol", {"kind": "full"})
     with pytest.raises(ConfigError, match="theorem3 is not available for protocol.kind full"):
         validate(raw)
-    raw["privacy"]["accountants"] = ["exact", "no-shuffle", "central", "clones"]
+    raw["privacy"]["curves"] = ["exact", "no-shuffle", "central", "clones"]
     assert validate(raw).protocol.kind == "full"
     raw = with_value("protocol", {"kind": "subsampled", "sample_size": 600})
-    raw["privacy"]["accountants"] = ["exact", "clones"]
+    raw["privacy"]["curves"] = ["exact", "clones"]
     with pytest.raises(ConfigError, match="clones is not available for protocol.kind subsampled"):
         validate(raw)
 

@@ -23,7 +23,7 @@ CHEAP = [
     "training.rounds=8",
     "training.eval_every=8",
     "training.checkpoint_every=4",
-    "privacy.accountants=[exact]",
+    "privacy.curves=[exact]",
     # One torch thread: the suite's two workers share two cores (a test below sets auto).
     "training.threads=1",
 ]

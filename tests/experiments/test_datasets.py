@@ -86,7 +86,7 @@ def base(tmp_path: Path, **sections: dict) -> dict:
         "data": {"name": "npz", "path": str(tmp_path / "data.npz"), "normalize": "unit"},
         "model": {"name": "mlp"},
         "protocol": {"kind": "checkin", "rate": 0.2},
-        "privacy": {"clipping_norm": 1.0, "noise_multiplier": 2.0, "accountants": ["pld"]},
+        "privacy": {"clipping_norm": 1.0, "noise_multiplier": 2.0, "curves": ["pld"]},
         "optimizer": {"lr": 0.5},
         "training": {"rounds": 2, "eval_every": 1, "threads": 1},
     }

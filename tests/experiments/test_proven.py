@@ -14,6 +14,7 @@ from shuffle_experiments.config import ALL_CURVES, load_config, validate
 from shuffle_experiments.curves import CURVE_LABELS, SPARSE_CURVES, EpsilonCurves, curve_label
 from shuffle_experiments.guarantee import guarantee_record
 from shuffle_experiments.metrics_file import _metric_columns, metrics_row
+from shuffle_experiments.plan import build_plan
 from shuffle_experiments.plots import (
     GUARANTEE_PROVEN,
     GUARANTEE_TIGHT,
@@ -34,7 +35,7 @@ SMALL = [
     "training.rounds=4",
     "training.eval_every=2",
     "training.checkpoint_every=4",
-    "privacy.accountants=[pld, proven]",
+    "privacy.curves=[pld, proven]",
 ]
 
 
@@ -52,14 +53,14 @@ def test_config_accepts_proven_and_ships_it_beside_pld():
                 "output_dir": "runs/t",
                 "protocol": protocol,
                 "privacy": {"clipping_norm": 1.0, "noise_multiplier": 2.0,
-                            "accountants": ["pld", "proven"]},
+                            "curves": ["pld", "proven"]},
                 "optimizer": {"lr": 1.0},
                 "training": {"rounds": 3},
             }
         )  # fmt: skip
-        assert cfg.privacy.accountants == ["pld", "proven"]
+        assert cfg.privacy.curves == ["pld", "proven"]
     for name in ("quick", "users", "paper"):
-        listed = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())["privacy"]["accountants"]
+        listed = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())["privacy"]["curves"]
         assert listed[:2] == ["pld", "proven"], name
 
 
@@ -89,9 +90,10 @@ def test_summary_and_metrics_carry_both_numbers(curves, tmp_path):
     is tested with the smoke config in test_runner.py).
     """
     cfg = small_config(f"output_dir={tmp_path}")
+    plan = build_plan(cfg, population=500)
     cpu = SimpleNamespace(type="cpu")
-    session = SimpleNamespace(config=cfg, curves=curves, population=500, device=cpu)
-    assert _metric_columns(cfg)[-2:] == ["eps_pld", "eps_proven"]
+    session = SimpleNamespace(config=cfg, plan=plan, curves=curves, population=500, device=cpu)
+    assert _metric_columns(plan)[-2:] == ["eps_pld", "eps_proven"]
     rows = [metrics_row(session, t, 50)[0] for t in range(1, 5)]  # type: ignore[arg-type]
     # A proven column, filled at the evaluation rounds (2 and 4) only.
     assert [r["eps_proven"] != "" for r in rows] == [False, True, False, True]
@@ -124,7 +126,7 @@ def test_summary_and_metrics_carry_both_numbers(curves, tmp_path):
 
 
 def _fake_run(run_dir: Path, values: dict[str, list[float]]) -> None:
-    cfg = load_config(CONFIGS / "smoke.yaml", ["privacy.accountants=[pld, proven, clones]"])
+    cfg = load_config(CONFIGS / "smoke.yaml", ["privacy.curves=[pld, proven, clones]"])
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     names = list(values)

@@ -40,7 +40,7 @@ TINY = [
     "training.checkpoint_every=5",
     # Two curves: the clones baseline alone costs seconds per session (its per-round profile);
     # the tests of the curves themselves name theirs.
-    "privacy.accountants=[pld, exact]",
+    "privacy.curves=[pld, exact]",
     # One torch thread: the suite runs two workers on two cores, and a second thread per worker
     # spins on a busy core (a run took two to four times as long with 2 threads as with 1).
     "training.threads=1",
@@ -128,7 +128,7 @@ def test_smoke_config_end_to_end(tmp_path, capsys, monkeypatch):
     assert abs(counts.mean() - 200) < 4 * 13.4 / math.sqrt(len(counts))
     # Each epsilon curve grows with the rounds; the approximate-DP baseline is filled in at the
     # evaluation rounds only.
-    for name in cfg.privacy.accountants:
+    for name in cfg.privacy.curves:
         eps = [float(r[f"eps_{name}"]) for r in rows if r[f"eps_{name}"]]
         assert all(b >= a for a, b in zip(eps, eps[1:], strict=False)), name
         assert len(eps) == (len(evals) if name in SPARSE_CURVES else len(rows)), name
@@ -396,11 +396,11 @@ def test_curves_are_the_library_history_computation():
     cfg = validate({
         "name": "t", "output_dir": "runs", "protocol": {"kind": "checkin", "rate": 0.01},
         "privacy": {"clipping_norm": 0.01, "noise_multiplier": 2.0, "sensitivity": 2.0,
-                    "accountants": ["exact", "sum", "theorem3", "no-shuffle", "central"]},
+                    "curves": ["exact", "sum", "theorem3", "no-shuffle", "central"]},
         "optimizer": {"lr": 1.0}, "training": {"rounds": 10},
     })  # fmt: skip
     curves = EpsilonCurves(cfg, 60000)
-    for name in cfg.privacy.accountants:
+    for name in cfg.privacy.curves:
         kind = "reference" if name in ("no-shuffle", "central") else "method"
         arg = name  # "exact" is the check-in protocol's Rényi bound, the method of that name
         for steps in (1, 100, 3000):
@@ -416,7 +416,7 @@ def test_curves_are_the_library_history_computation():
 def test_curve_not_defined_for_protocol_is_refused(tmp_path):
     with pytest.raises(ValueError, match="theorem3 is not available for protocol.kind full"):
         tiny_config(tmp_path, "protocol.kind=full", "protocol.rate=null",
-                    "privacy.accountants=[exact, theorem3]")  # fmt: skip
+                    "privacy.curves=[exact, theorem3]")  # fmt: skip
 
 
 # --- the shipped configs ----------------------------------------------------------------------

@@ -20,7 +20,7 @@ COMMON = {
     "training.eval_every": 2,
     "training.checkpoint_every": 2,
     "data.test_subset": 200,
-    "privacy.accountants": ["exact"],
+    "privacy.curves": ["exact"],
     # One torch thread per trial: the suite's two workers share two cores.
     "training.threads": 1,
 }
