@@ -27,9 +27,7 @@ PINNED = Path(__file__).with_name("costs_pinned.json")
 
 #: Parameters per mechanism: a few settings each, from cheap to beyond the command's limit.
 _SETTINGS: dict[str, list[dict[str, object]]] = {
-    "shuffle": [
-        {"n": n, "sigma": s} for n in (10, 100, 5000, 10**7) for s in (0.03, 0.6, 4.0)
-    ],
+    "shuffle": [{"n": n, "sigma": s} for n in (10, 100, 5000, 10**7) for s in (0.03, 0.6, 4.0)],
     "subsampled": [
         {"n": n, "m": m, "sigma": s}
         for n, m in ((100, 10), (10**5, 1000), (10**8, 10**5))
@@ -76,8 +74,11 @@ def _cases() -> Iterator[tuple[str, Callable[[], object]]]:
                 for steps in _STEPS:
                     for order in _ORDERS if rounds else (None,):
                         key = f"account {mech} {i} {method} {steps} {order}"
-                        yield key, lambda m=mech, v=values, me=method, s=steps, o=order: (
-                            costs.account_seconds(m, v, steps=s, method=me, max_order=o)
+                        yield (
+                            key,
+                            lambda m=mech, v=values, me=method, s=steps, o=order: (
+                                costs.account_seconds(m, v, steps=s, method=me, max_order=o)
+                            ),
                         )
                 for budget, order in ((0.2, None), (3.0, None), (0.2, 600), (3.0, 600)):
                     if order is not None and not rounds:
@@ -108,8 +109,11 @@ def _cases() -> Iterator[tuple[str, Callable[[], object]]]:
             for curve in curves:
                 for order in (2, 64, 1000):
                     key = f"stage {mech} {values} {curve} {order}"
-                    yield key, lambda m=mech, c=curve, o=order, v=values: costs.rdp_stage_seconds(
-                        m, c, o, n=v.get("n"), m=v.get("m"), rate=v.get("rate")
+                    yield (
+                        key,
+                        lambda m=mech, c=curve, o=order, v=values: costs.rdp_stage_seconds(
+                            m, c, o, n=v.get("n"), m=v.get("m"), rate=v.get("rate")
+                        ),
                     )
     for mech, n, m, rate in (
         ("shuffle", 5000, None, None),
@@ -120,10 +124,13 @@ def _cases() -> Iterator[tuple[str, Callable[[], object]]]:
         for method in MECHANISM_TABLE[mech].method_names:
             for rounds_ in (100, 10**6):
                 key = f"calibrate {mech} {n} {method} {rounds_}"
-                yield key, lambda me=mech, mt=method, n_=n, m_=m, r=rate, k=rounds_: (
-                    costs.calibrate_seconds(
-                        mechanism=me, method=mt, n=n_, m=m_, rate=r, rounds=k, order=64
-                    )
+                yield (
+                    key,
+                    lambda me=mech, mt=method, n_=n, m_=m, r=rate, k=rounds_: (
+                        costs.calibrate_seconds(
+                            mechanism=me, method=mt, n=n_, m=m_, rate=r, rounds=k, order=64
+                        )
+                    ),
                 )
                 for budget in (0.5, 20.0):
                     key = f"calibrate-budget {mech} {n} {method} {rounds_} {budget}"
