@@ -113,10 +113,30 @@ class DataConfig(_Section):
     normalize: Literal["standard", "unit"] = "standard"
 
 
+#: The models of :mod:`.models` that ship with the experiment (their names need no torch import).
+_BUILT_IN_MODELS = ("cnn", "cnn_small", "mlp")
+
+
 class ModelConfig(_Section):
     """The network trained by the clients."""
 
-    name: Literal["cnn", "cnn_small", "mlp"] = "cnn"
+    #: A model of :data:`~shuffle_experiments.models.MODELS`: a built-in one, or one given to
+    #: :func:`~shuffle_experiments.models.register_model` before the config is read.
+    name: str = "cnn"
+
+    @field_validator("name")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value in _BUILT_IN_MODELS:
+            return value
+        from .models import MODELS  # imports torch: only for a registered model's name
+
+        if value not in MODELS:
+            raise ValueError(
+                f"must be one of {', '.join(MODELS)} (or a name given to register_model"
+                f"{did_you_mean(value, list(MODELS)).replace(' (', '; ', 1) or ')'}"
+            )
+        return value
 
 
 class ProtocolConfig(_Section):
@@ -288,15 +308,15 @@ class ExperimentConfig(_Section):
         """
         p = self.protocol
         # Which of protocol.rate / protocol.sample_size a protocol takes comes from the
-        # library's protocol table (Protocol.parameter), not from a copy of it here.
-        needed = get_protocol(p.kind).parameter
+        # library's protocol table (Protocol.option), not from a copy of it here.
+        needed = get_protocol(p.kind).option
         for field, value in (("rate", p.rate), ("sample_size", p.sample_size)):
             if field == needed and value is None:
                 raise ConfigError(
                     f"protocol.{field} is required for protocol.kind {p.kind}, got null"
                 )
             if field != needed and value is not None:
-                users = [k for k, spec in PROTOCOLS.items() if spec.parameter == field]
+                users = [k for k, spec in PROTOCOLS.items() if spec.option == field]
                 raise ConfigError(
                     f"protocol.{field} applies to {' and '.join(users)} only, got {value!r}"
                 )

@@ -12,13 +12,13 @@ whose results are the same bit for bit and whose CPU forward pass is faster: the
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from torch import nn
 
 from .pooling import FastMaxPool2d
 
-__all__ = ["MNIST_SHAPE", "MODELS", "build_model"]
+__all__ = ["MNIST_SHAPE", "MODELS", "BUILT_IN_MODELS", "build_model", "register_model"]
 
 #: The shape of one MNIST image, which the CNNs take.
 MNIST_SHAPE = (1, 28, 28)
@@ -104,12 +104,43 @@ def mlp(input_shape: Sequence[int] = MNIST_SHAPE, num_classes: int = 10) -> nn.M
 
 
 MODELS = {"cnn": cnn, "cnn_small": cnn_small, "mlp": mlp}
+"""The models by name: ``build(input_shape, num_classes) -> nn.Module`` each."""
+
+#: The models the package ships (a config names them without importing torch).
+BUILT_IN_MODELS = ("cnn", "cnn_small", "mlp")
+
+
+def register_model(
+    name: str, build: Callable[[tuple[int, ...], int], nn.Module], *, replace: bool = False
+) -> None:
+    """Add a model to :data:`MODELS`, so that a config's ``model.name`` may name it.
+
+    Args:
+        name: The model's name (letters, digits, ``_`` and ``-``).
+        build: ``build(input_shape, num_classes)`` returns a fresh ``nn.Module`` whose layers
+            Opacus can clip per example.
+        replace: Replace a registered model of the same name instead of refusing it (the
+            built-in models are never replaced).
+
+    Raises:
+        ValueError: for a malformed name, a name taken (without ``replace``) or built in, or a
+            ``build`` that is not callable.
+    """
+    if not (isinstance(name, str) and name and name.replace("_", "a").replace("-", "a").isalnum()):
+        raise ValueError(f"model name must be letters, digits, _ and -, got {name!r}")
+    if name in BUILT_IN_MODELS:
+        raise ValueError(f"model {name!r} is built in and cannot be replaced")
+    if name in MODELS and not replace:
+        raise ValueError(f"model {name!r} is registered already; pass replace=True")
+    if not callable(build):
+        raise ValueError(f"model {name!r}: build must be callable, got {build!r}")
+    MODELS[name] = build
 
 
 def build_model(
     name: str, input_shape: Sequence[int] = MNIST_SHAPE, num_classes: int = 10
 ) -> nn.Module:
-    """Return a fresh model by name (``cnn``, ``cnn_small`` or ``mlp``).
+    """Return a fresh model by name (``cnn``, ``cnn_small``, ``mlp`` or a registered one).
 
     Args:
         name: The model.
