@@ -15,10 +15,17 @@ from shuffle_opacus.analysis.pld.rounds import ShuffleRound
 
 SETTING = ShuffleRound(n=400, sigma=1.0, rate=0.2)
 FIXED = ShuffleRound(n=300, sigma=1.0, m=60)
+LOCAL = ShuffleRound(n=50, sigma=4.0, rate=0.5)  # route gaussian: the shuffle does not help
 
 
 def _clear() -> None:
-    for fn in (proven._plan, proven._pair_stats, proven._pair_powers, proven._route_pair):
+    for fn in (
+        proven._plan,
+        proven._pair_stats,
+        proven._pair_powers,
+        proven._route_pair,
+        proven._gaussian_powers,
+    ):
         fn.cache_clear()
 
 
@@ -32,7 +39,9 @@ def _entries(directory):
     return sorted(p.name.rsplit("-", 1)[0] for p in directory.glob(f"*{disk_cache.SUFFIX}"))
 
 
-@pytest.mark.parametrize("rounds", [[(SETTING, 7)], [(FIXED, 5)], [(SETTING, 3), (FIXED, 4)]])
+@pytest.mark.parametrize(
+    "rounds", [[(SETTING, 7)], [(FIXED, 5)], [(SETTING, 3), (FIXED, 4)], [(LOCAL, 7)]]
+)
 def test_a_cached_proven_epsilon_is_bit_for_bit_a_fresh_one(tmp_path, monkeypatch, rounds):
     monkeypatch.setenv(ENV_DIR, "off")
     _clear()
@@ -41,14 +50,16 @@ def test_a_cached_proven_epsilon_is_bit_for_bit_a_fresh_one(tmp_path, monkeypatc
     for attempt in ("stored", "read back"):
         _clear()
         assert _fields(proven.proven_rounds_epsilon(rounds, delta=1e-5)) == fresh, attempt
-    assert {"proven-plan", "proven-stats", "proven-pmf"} <= set(_entries(tmp_path))
+    kinds = {"proven-plan", "proven-gaussian"} if rounds[0][0] is LOCAL else {"proven-pmf"}
+    assert {"proven-plan", "proven-stats"} | kinds <= set(_entries(tmp_path))
     _clear()
 
 
-def test_a_warm_process_builds_no_pair_and_searches_no_level(tmp_path, monkeypatch):
+@pytest.mark.parametrize("setting", [SETTING, LOCAL])
+def test_a_warm_process_builds_no_pair_and_searches_no_level(tmp_path, monkeypatch, setting):
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     _clear()
-    cold = _fields(proven.proven_rounds_epsilon([(SETTING, 9)], delta=1e-5))
+    cold = _fields(proven.proven_rounds_epsilon([(setting, 9)], delta=1e-5))
     _clear()
 
     def refuse(*args, **kwargs):
@@ -56,7 +67,8 @@ def test_a_warm_process_builds_no_pair_and_searches_no_level(tmp_path, monkeypat
 
     monkeypatch.setattr(proven, "_route_pair", refuse)
     monkeypatch.setattr(proven, "_searched_plan", refuse)
-    assert _fields(proven.proven_rounds_epsilon([(SETTING, 9)], delta=1e-5)) == cold
+    monkeypatch.setattr(proven, "_built_gaussian", refuse)
+    assert _fields(proven.proven_rounds_epsilon([(setting, 9)], delta=1e-5)) == cold
     monkeypatch.undo()
     _clear()
 

@@ -352,6 +352,25 @@ def _pair_powers(
 
 @functools.lru_cache(maxsize=16)
 def _gaussian_powers(setting: ShuffleRound, discretization: float) -> PmfPowers:
+    """One round of the local Gaussian alone, from the disk cache or built."""
+    key: dict[str, disk_cache.KeyValue] = {
+        "n": setting.n,
+        "sigma": setting.sigma,
+        "rate": setting.rate,
+        "m": setting.m,
+        "discretization": discretization,
+    }
+    (powers,) = cached_powers(
+        "proven-gaussian",
+        CACHE_VERSION,
+        key,
+        lambda: [_built_gaussian(setting, discretization)],
+        sources=CACHE_SOURCES,
+    )
+    return powers
+
+
+def _built_gaussian(setting: ShuffleRound, discretization: float) -> PmfPowers:
     """Build one round of the local Gaussian alone, without the shuffle.
 
     The differing report is seen with probability ``q``, nothing of it otherwise (loss 0
