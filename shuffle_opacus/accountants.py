@@ -364,9 +364,9 @@ class ShuffleAccountantBase(IAccountant):
                 it selects the Rényi fallback).
 
         Returns:
-            An :class:`~shuffle_opacus.analysis.EpsilonResult`: ``method`` is the method used,
-            ``note`` says why the default fell back to a Rényi bound; epsilon 0 for an empty
-            history.
+            An :class:`~shuffle_opacus.analysis.rdp.conversion.EpsilonResult`: ``method`` is the
+            method used, ``note`` says why the default fell back to a Rényi bound; epsilon 0 for
+            an empty history.
 
         Raises:
             ValueError: if the accountant is not configured and the history is not empty, or

@@ -48,7 +48,7 @@ def test_readme_main_job_is_the_quick_experiment():
     rounds = int(re.search(r"rounds\s+(\d+) of (\d+)", text).group(2))
     assert rounds == config.training.rounds
     curves = EpsilonCurves(config, 60000)
-    for name in config.privacy.accountants:
+    for name in config.privacy.curves:
         value = re.search(re.escape(CURVE_LABELS[name]) + r"\s+(\S+)", text)
         assert value, f"summary lacks {name}"
         assert float(value.group(1)) == pytest.approx(curves.epsilon(name, rounds), rel=1e-5)

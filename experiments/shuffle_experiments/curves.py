@@ -25,12 +25,13 @@ import math
 import warnings
 
 from shuffle_opacus import history_epsilon
-from shuffle_opacus.analysis import EpsilonResult, OrderCapWarning
+from shuffle_opacus.analysis import OrderCapWarning
 from shuffle_opacus.analysis.approximate.baselines import (
     RoundProfile,
     composed_epsilon,
     round_profile,
 )
+from shuffle_opacus.analysis.rdp.conversion import EpsilonResult
 from shuffle_opacus.protocols import SENSITIVITIES
 
 from .config import BASELINES, ExperimentConfig, curve_names

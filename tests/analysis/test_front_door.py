@@ -220,10 +220,7 @@ def test_the_new_places_read_without_a_warning() -> None:
 
 #: Files the repository's owners are still switching (they read an old name through the
 #: package); each entry must go when its file is switched, so that this list cannot go stale.
-PENDING: dict[str, set[str]] = {
-    "experiments/shuffle_experiments/curves.py": {"EpsilonResult"},
-    "shuffle_opacus/accountants.py": {"EpsilonResult"},
-}
+PENDING: dict[str, set[str]] = {}
 
 _OLD = "|".join(OLD_NAMES)
 _FROM = re.compile(r"from\s+(?:shuffle_opacus)?\.*analysis\s+import\s+(\([^)]*\)|[^\n]*)")
