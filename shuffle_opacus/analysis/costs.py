@@ -1,22 +1,44 @@
 """The cost model of the accounting entry points: measured unit costs and estimates per request.
 
-The unit costs were measured with ``python benchmarks/limits.py`` on one core of the project's
-machine and rounded up, so estimates are conservative (typically 1-3 times the measured time);
-docs/maths.md ("Work limits") lists the measurements. :mod:`.limits` turns the estimates into
-refusals and budgets.
+Each method of the table carries its cost model (:class:`~.records.Cost`): the per-method
+estimates below are plain functions that the records of :mod:`.mechanisms` reference, and
+:func:`account_seconds`, :func:`rdp_stage_seconds` and :func:`calibrate_seconds` read the record
+of the mechanism asked for, never its name. The unit costs were measured with
+``python benchmarks/limits.py`` on one core of the project's machine and rounded up, so
+estimates are conservative (typically 1-3 times the measured time); docs/maths.md ("Work
+limits") lists the measurements. :mod:`.limits` turns the estimates into refusals and budgets.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+
+from .records import Mechanism, Method, StageCost
 
 __all__ = [
     "BASE_SECONDS",
+    "mechanism_record",
     "account_seconds",
     "calibrate_seconds",
     "rdp_stage_seconds",
     "shuffle_pld_seconds",
+    "proven_seconds",
+    "closed_form_stage",
+    "mixture_stage",
+    "shuffle_stage",
+    "theorem2_stage",
+    "theorem3_stage",
+    "checkin_sum_stage",
+    "shuffle_pld_request",
+    "proven_request",
+    "shuffle_pld_calibration",
+    "proven_calibration",
+    "ldp_shuffle_request",
+    "krr_request",
+    "clones_request",
+    "clones_gaussian_request",
+    "clones_closed_form_request",
 ]
 
 # --- measured unit costs (seconds, one core, rounded up) -------------------------------------
@@ -69,7 +91,7 @@ _Z_TAIL = 7.5
 _AUTO_START, _AUTO_LIMIT = 64, 4096
 
 
-# --- Rényi-DP methods --------------------------------------------------------------------------
+# --- Rényi-DP methods: one order range (the records' ``Cost.stage``) ----------------------------
 
 
 def _series_elements(users: int, order: int) -> float:
@@ -105,57 +127,47 @@ def _sum_elements(n: int, rate: float, order: int) -> float:
     return 2.0 * (rows * square + sequential + (starts + chunks) * square)
 
 
-def rdp_stage_seconds(
-    mechanism: str,
-    method: str,
-    order: int,
-    *,
-    n: int | None = None,
-    m: int | None = None,
-    rate: float | None = None,
-) -> float:
-    """Estimated seconds to evaluate one round's RDP of a method at orders ``2..order``.
+def closed_form_stage(order: int, *, n: int | None, m: int | None, rate: float | None) -> float:
+    """Estimate a closed form at each order (the Gaussian, Corollary 1, shuffle references)."""
+    elements = 10.0 * order
+    return elements * SERIES_SECONDS
 
-    Args:
-        mechanism: A Rényi-DP mechanism (``shuffle``, ``subsampled``, ``checkin``, ``gaussian``,
-            ``subsampled-gaussian``).
-        method: Its method, or a reference curve (``no-shuffle``, ``central``).
-        order: Largest order ``L``.
-        n: Population.
-        m: Users per round (``subsampled``).
-        rate: Check-in or Poisson rate.
 
-    Returns:
-        The estimate in seconds.
-    """
-    square = float(order) ** 2
-    if method in ("corollary1", "rdp", "no-shuffle", "central") and mechanism in (
-        "shuffle",
-        "gaussian",
-    ):
-        elements = 10.0 * order
-    elif mechanism == "subsampled-gaussian" or method in ("no-shuffle", "central"):
-        elements = square  # one mixture / Wang convolution
-    elif method == "theorem1":
-        elements = _series_elements(int(n or 1), order)
-    elif method == "exact":
-        elements = _series_elements(int(n or 1), order)
-    elif method == "theorem2":
-        elements = _series_elements(int(m or 1), order) + square
-    elif method == "theorem3":
-        big = min(int(n or 1), int(0.5 * int(n or 1) * float(rate or 1.0)) + 1)
-        elements = _series_elements(big, order) + 2.0 * square
-    elif method == "sum":
-        elements = _sum_elements(int(n or 1), float(rate or 1.0), order)
-    else:
-        elements = square
+def mixture_stage(order: int, *, n: int | None, m: int | None, rate: float | None) -> float:
+    """Estimate one mixture or Wang et al. convolution (subsampled Gaussians, references)."""
+    elements = float(order) ** 2
+    return elements * SERIES_SECONDS
+
+
+def shuffle_stage(order: int, *, n: int | None, m: int | None, rate: float | None) -> float:
+    """Estimate Theorem 1 over the ``n`` users (``theorem1``; the check-in ``exact`` average)."""
+    elements = _series_elements(int(n or 1), order)
+    return elements * SERIES_SECONDS
+
+
+def theorem2_stage(order: int, *, n: int | None, m: int | None, rate: float | None) -> float:
+    """Estimate Theorem 1 over a round's ``m`` users, then Wang et al. (``theorem2``)."""
+    elements = _series_elements(int(m or 1), order) + float(order) ** 2
+    return elements * SERIES_SECONDS
+
+
+def theorem3_stage(order: int, *, n: int | None, m: int | None, rate: float | None) -> float:
+    """Estimate the check-in ``theorem3`` bound: Theorem 1 at half the users, two mixtures."""
+    big = min(int(n or 1), int(0.5 * int(n or 1) * float(rate or 1.0)) + 1)
+    elements = _series_elements(big, order) + 2.0 * float(order) ** 2
+    return elements * SERIES_SECONDS
+
+
+def checkin_sum_stage(order: int, *, n: int | None, m: int | None, rate: float | None) -> float:
+    """Estimate the check-in ``sum`` bound (Eq. 17 over the binomial bulk and its tails)."""
+    elements = _sum_elements(int(n or 1), float(rate or 1.0), order)
     return elements * SERIES_SECONDS
 
 
 # --- privacy loss distributions, clones ---------------------------------------------------------
 
 
-def _pld_compose_seconds(steps: list[int]) -> float:
+def _pld_compose_seconds(steps: Sequence[int]) -> float:
     return sum(PLD_COMPOSE_SECONDS * math.sqrt(k) for k in set(steps) if k > 1)
 
 
@@ -213,8 +225,12 @@ PROVEN_EVALUATIONS = 8.0
 #: n = 1e9 18 s.
 PROVEN_USERS_CAP = 10**7
 
+#: Epsilon evaluations of a noise calibration: a bisection to 0.1% takes about 10 steps after
+#: 2 to 5 to bracket the target.
+_CALIBRATION_EVALUATIONS = 16.0
 
-def proven_seconds(users: int, steps: list[int]) -> float:
+
+def proven_seconds(users: int, steps: Sequence[int]) -> float:
     """Estimated seconds of the ``proven`` method (the level search, then the answer).
 
     Each evaluation enumerates one pair, whose windows grow like the square root of the
@@ -239,8 +255,162 @@ def shuffle_pld_seconds(settings: list[tuple[int, int, float, float | None]], st
     return BASE_SECONDS + pairs + _pld_compose_seconds([steps])
 
 
+def _population(values: Mapping[str, object]) -> tuple[int, int]:
+    """``(n, reports per round)`` of a request (``n`` is 1 where absent)."""
+    n = int(values.get("n") or 1)  # type: ignore[call-overload]
+    m = values.get("m")
+    return n, int(m) if m is not None else n  # type: ignore[call-overload]
+
+
+def shuffle_pld_request(values: Mapping[str, object], steps: Sequence[int], base: float) -> float:
+    """Estimate the shuffle Gaussian's ``pld``: one pair and its PMF, then the compositions."""
+    n, users = _population(values)
+    rate = values.get("rate")
+    pair = _shuffle_pld_seconds(
+        n,
+        users,
+        float(values["sigma"]),  # type: ignore[arg-type]
+        float(rate) if rate is not None else None,  # type: ignore[arg-type]
+    )
+    return base + pair + _pld_compose_seconds(steps)
+
+
+def proven_request(values: Mapping[str, object], steps: Sequence[int], base: float) -> float:
+    """Estimate the ``proven`` method (:func:`proven_seconds`, counting its own fixed cost)."""
+    return proven_seconds(_population(values)[1], steps)
+
+
+def shuffle_pld_calibration(*, n: int, m: int | None, rate: float | None, rounds: int) -> float:
+    """Estimate a calibration by ``pld``: pessimistic compositions, each with its pair.
+
+    The bisection's evaluations cost on average about one at analysis sigma 0.75 (the pair's
+    lattice grows fast below it): check-in n = 1e5, rate 0.01, 10,000 rounds, target 1 (noise
+    multiplier 1.03) took 46 s at load 1.3, the estimate is 47 s.
+    """
+    users = m if m is not None else n
+    one = _shuffle_pld_seconds(n, users, 0.75, rate)
+    one += PLD_UPPER_COMPOSE_SECONDS * math.sqrt(rounds)
+    return BASE_SECONDS + _CALIBRATION_EVALUATIONS * one
+
+
+def proven_calibration(*, n: int, m: int | None, rate: float | None, rounds: int) -> float:
+    """Estimate a calibration by ``proven``: one ``proven`` answer per evaluation."""
+    return _CALIBRATION_EVALUATIONS * proven_seconds(m if m is not None else n, [rounds])
+
+
+def ldp_shuffle_request(values: Mapping[str, object], steps: Sequence[int], base: float) -> float:
+    """Estimate ``ldp-shuffle``: the pair's enumeration (twice with ``m``), then compositions."""
+    n, users = _population(values)
+    m = values.get("m")
+    eps0 = float(values["eps0"])  # type: ignore[arg-type]
+    total = base + _ldp_outcomes(users, eps0) * LDP_OUTCOME_SECONDS * (2.0 if m else 1.0)
+    # The records' lower end composes one more PMF (the optimistic remove direction).
+    return total + 1.5 * _pld_compose_seconds(steps)
+
+
+def krr_request(values: Mapping[str, object], steps: Sequence[int], base: float) -> float:
+    """Estimate ``krr``: the enumeration of its outcomes, then the compositions."""
+    outcomes, unit = _krr_outcomes(
+        _population(values)[0],
+        int(values["k"]),  # type: ignore[call-overload]
+        float(values["gamma"]),  # type: ignore[arg-type]
+        str(values.get("adversary") or "strong"),
+    )
+    return base + outcomes * unit + 1.5 * _pld_compose_seconds(steps)
+
+
+def _clones_total(one: float, steps: Sequence[int], base: float) -> float:
+    """Estimate a clones bound costing ``one`` per point, composed over ``steps``."""
+    points = 24 if max(steps) > 1 else 1
+    composition = sum(points * KOV_ROUND_SECONDS * k for k in set(steps) if k > 1)
+    return base + points * one + composition
+
+
+def clones_request(values: Mapping[str, object], steps: Sequence[int], base: float) -> float:
+    """Estimate ``clones`` by its numerical bound: a divergence search (and a lower end)."""
+    eps0 = float(values["eps0"])  # type: ignore[arg-type]
+    p = math.exp(-min(eps0, 700.0))
+    evaluations = 2.0 * max(1.0, math.log2(max(eps0, 1e-6) / 1e-6)) + 4.0
+    one = _clones_values(_population(values)[0], p) * evaluations * CLONES_C_SECONDS
+    one *= 2.0 if not max(steps) > 1 else 1.0  # the certified lower end
+    return _clones_total(one, steps, base)
+
+
+def clones_gaussian_request(
+    values: Mapping[str, object], steps: Sequence[int], base: float
+) -> float:
+    """Estimate ``clones-gaussian`` by its numerical bound: one scan of ``C``."""
+    one = _clones_values(_population(values)[0], 0.5) * CLONES_GAUSSIAN_C_SECONDS
+    return _clones_total(one, steps, base)
+
+
+def clones_closed_form_request(
+    values: Mapping[str, object], steps: Sequence[int], base: float
+) -> float:
+    """Estimate the clones bounds' closed form: a formula per point."""
+    return _clones_total(1e-3, steps, base)
+
+
+# --- reading the records ------------------------------------------------------------------------
+
+
+def mechanism_record(mechanism: str | Mechanism) -> Mechanism:
+    """Return the record of ``mechanism`` (a record is returned as it is).
+
+    Raises:
+        ValueError: for a name not in :data:`~.mechanisms.MECHANISM_TABLE`.
+    """
+    if isinstance(mechanism, Mechanism):
+        return mechanism
+    # Imported here: the table references the cost functions of this module.
+    from .mechanisms import get_mechanism
+
+    return get_mechanism(mechanism)
+
+
+def _stage_cost(entry: Mechanism, curve: str) -> StageCost | None:
+    if curve in entry.references:
+        return entry.reference_cost
+    try:
+        return entry.method(curve).cost.stage
+    except ValueError:
+        return None
+
+
+def rdp_stage_seconds(
+    mechanism: str | Mechanism,
+    method: str,
+    order: int,
+    *,
+    n: int | None = None,
+    m: int | None = None,
+    rate: float | None = None,
+) -> float:
+    """Estimated seconds to evaluate one round's RDP of a method at orders ``2..order``.
+
+    Args:
+        mechanism: A mechanism of the table (its name or its record).
+        method: Its method, or a reference curve (``no-shuffle``, ``central``); a curve without
+            a stage cost counts as one series convolution.
+        order: Largest order ``L``.
+        n: Population.
+        m: Users per round (``subsampled``).
+        rate: Check-in or Poisson rate.
+
+    Returns:
+        The estimate in seconds.
+
+    Raises:
+        ValueError: for a mechanism not in the table.
+    """
+    stage = _stage_cost(mechanism_record(mechanism), method)
+    if stage is None:
+        return float(order) ** 2 * SERIES_SECONDS
+    return stage(order, n=n, m=m, rate=rate)
+
+
 def account_seconds(
-    mechanism: str,
+    mechanism: str | Mechanism,
     values: Mapping[str, object],
     *,
     steps: list[int],
@@ -250,10 +420,13 @@ def account_seconds(
     """Estimated seconds of :func:`~shuffle_opacus.analysis.account` for one request.
 
     For Rényi-DP methods without ``max_order`` the estimate is that of the first stage of the
-    automatic order range (the later stages are charged as they start, see :func:`charge`).
+    automatic order range (the later stages are charged as they start, see :func:`charge`). The
+    default of a mechanism with a :attr:`~.records.Mechanism.fallback` costs the cheaper of
+    itself and the fallback (the fallback alone with ``max_order``, which selects it).
 
     Args:
-        mechanism: A mechanism of :data:`~shuffle_opacus.analysis.MECHANISM_TABLE`.
+        mechanism: A mechanism of :data:`~shuffle_opacus.analysis.MECHANISM_TABLE` (its name
+            or its record).
         values: Its parameters by name (``None`` for absent ones).
         steps: The round counts.
         method: The method (``None`` for the default).
@@ -261,85 +434,53 @@ def account_seconds(
 
     Returns:
         The estimate in seconds.
+
+    Raises:
+        ValueError: for an unknown mechanism or method.
     """
+    entry = mechanism_record(mechanism)
+    total = BASE_SECONDS + 1e-4 * len(set(steps))
+    order = max_order if max_order is not None else _AUTO_START
     n = int(values.get("n") or 1)  # type: ignore[call-overload]
     m = values.get("m")
     rate = values.get("rate")
-    sigma = values.get("sigma")
-    distinct = len(set(steps))
-    total = BASE_SECONDS + 1e-4 * distinct
-    if mechanism == "ldp-shuffle":
-        eps0 = float(values["eps0"])  # type: ignore[arg-type]
-        users = int(m) if m is not None else n  # type: ignore[call-overload]
-        total += _ldp_outcomes(users, eps0) * LDP_OUTCOME_SECONDS * (2.0 if m else 1.0)
-        # The records' lower end composes one more PMF (the optimistic remove direction).
-        return total + 1.5 * _pld_compose_seconds(steps)
-    if mechanism == "krr":
-        outcomes, unit = _krr_outcomes(
-            n,
-            int(values["k"]),  # type: ignore[call-overload]
-            float(values["gamma"]),  # type: ignore[arg-type]
-            str(values.get("adversary") or "strong"),
-        )
-        return total + outcomes * unit + 1.5 * _pld_compose_seconds(steps)
-    if mechanism in ("clones", "clones-gaussian"):
-        several = max(steps) > 1
-        points = 24 if several else 1
-        if mechanism == "clones":
-            eps0 = float(values["eps0"])  # type: ignore[arg-type]
-            p = math.exp(-min(eps0, 700.0))
-            evaluations = 2.0 * max(1.0, math.log2(max(eps0, 1e-6) / 1e-6)) + 4.0
-            one = _clones_values(n, p) * evaluations * CLONES_C_SECONDS
-            one *= 2.0 if not several else 1.0  # the certified lower end
-        else:
-            one = _clones_values(n, 0.5) * CLONES_GAUSSIAN_C_SECONDS
-        if method == "closed-form":
-            one = 1e-3
-        composition = sum(points * KOV_ROUND_SECONDS * k for k in set(steps) if k > 1)
-        return total + points * one + composition
-    fallback = {"shuffle": "theorem1", "subsampled": "theorem2", "checkin": "exact"}.get(mechanism)
-    order = max_order if max_order is not None else _AUTO_START
 
-    def rdp(name: str) -> float:
+    def rdp(chosen: Method) -> float:
         return total + rdp_stage_seconds(
-            mechanism,
-            name,
+            entry,
+            chosen.name,
             order,
             n=n,
             m=int(m) if m is not None else None,  # type: ignore[call-overload]
             rate=float(rate) if rate is not None else None,  # type: ignore[arg-type]
         )
 
-    if fallback is None:
-        return rdp(method or "rdp")
-    users = int(m) if m is not None else n  # type: ignore[call-overload]
-    if method == "proven":
-        return proven_seconds(users, steps)
-    if method is not None and method != "pld":
-        return rdp(method)  # no pld estimate: it would import the pld engine for nothing
-    pair = _shuffle_pld_seconds(
-        n,
-        users,
-        float(sigma),  # type: ignore[arg-type]
-        float(rate) if rate is not None else None,  # type: ignore[arg-type]
-    )
-    pld = total + pair + _pld_compose_seconds(steps)
-    if method == "pld":
-        return pld
-    # The default: pld where affordable, else its Rényi fallback (an order cap selects it).
-    if max_order is not None or float(sigma) < 0.05:  # type: ignore[arg-type]
-        return rdp(fallback)
-    return min(pld, rdp(fallback))
+    chosen = entry.method(method)
+    request = chosen.cost.request
+    if request is None:
+        return rdp(chosen)
+    if method is not None or entry.fallback is None:
+        return request(values, steps, total)
+    # The default: itself where affordable, else its Rényi fallback (an order cap selects it).
+    fallback = rdp(entry.method(entry.fallback))
+    sigma = values.get("sigma")
+    if max_order is not None or (sigma is not None and float(sigma) < chosen.cost.min_sigma):  # type: ignore[arg-type]
+        return fallback
+    return min(request(values, steps, total), fallback)
 
 
-def _calibrate_drivers(method: str) -> tuple[str, ...]:
-    """Return the calibration parameters that drive its cost, in the order to suggest them."""
-    return ("n", "rounds") if method in ("pld", "proven") else ("n",)
+def calibration_drivers(mechanism: str | Mechanism, method: str) -> tuple[str, ...]:
+    """Return the calibration parameters that drive the cost of ``method``, in order.
+
+    Raises:
+        ValueError: for an unknown mechanism or method.
+    """
+    return mechanism_record(mechanism).method(method).cost.calibration_drivers
 
 
 def calibrate_seconds(
     *,
-    mechanism: str,
+    mechanism: str | Mechanism,
     method: str,
     n: int,
     m: int | None,
@@ -350,7 +491,7 @@ def calibrate_seconds(
     """Estimated seconds of a noise calibration (about 16 evaluations of epsilon).
 
     Args:
-        mechanism: The protocol's analysis mechanism.
+        mechanism: The protocol's analysis mechanism (its name or its record).
         method: Its method.
         n: Population.
         m: Users per round, or ``None``.
@@ -360,22 +501,14 @@ def calibrate_seconds(
 
     Returns:
         The estimate in seconds.
+
+    Raises:
+        ValueError: for an unknown mechanism or method.
     """
-    # A bisection to 0.1% takes about 10 steps after 2 to 5 to bracket the target.
-    evaluations = 16.0
-    if method == "pld":
-        users = m if m is not None else n
-        # The bisection's evaluations cost on average about one at analysis sigma 0.75 (the
-        # pair's lattice grows fast below it): check-in n = 1e5, rate 0.01, 10,000 rounds,
-        # target 1 (noise multiplier 1.03) took 46 s at load 1.3, the estimate is 47 s.
-        one = _shuffle_pld_seconds(n, users, 0.75, rate)
-        one += PLD_UPPER_COMPOSE_SECONDS * math.sqrt(rounds)
-        return BASE_SECONDS + evaluations * one
-    if method == "proven":
-        return evaluations * proven_seconds(m if m is not None else n, [rounds])
-    stage = rdp_stage_seconds(mechanism, method, order, n=n, m=m, rate=rate)
+    entry = mechanism_record(mechanism)
+    own = entry.method(method).cost.calibration
+    if own is not None:
+        return own(n=n, m=m, rate=rate, rounds=rounds)
+    stage = rdp_stage_seconds(entry, method, order, n=n, m=m, rate=rate)
     # The order range grows by doubling; its stages cost about 4/3 of the last one.
-    return BASE_SECONDS + evaluations * stage * 4.0 / 3.0
-
-
-# --- refusing ---------------------------------------------------------------------------------
+    return BASE_SECONDS + _CALIBRATION_EVALUATIONS * stage * 4.0 / 3.0

@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from .._validation import MAX_ORDER
 from .costs import (
     _AUTO_START,
-    _calibrate_drivers,
     account_seconds,
     calibrate_seconds,
+    calibration_drivers,
+    mechanism_record,
     rdp_stage_seconds,
     shuffle_pld_seconds,
 )
@@ -44,6 +45,7 @@ from .memory import (
     memory_budget,
     memory_limit,
 )
+from .records import Mechanism
 
 __all__ = [
     "MAX_ORDER",
@@ -102,25 +104,8 @@ def largest_within(cost: Callable[[int], float], low: int, high: int, budget: fl
     return lo
 
 
-@dataclass(frozen=True)
-class _Driver:
-    """A parameter whose value drives the cost, with its smallest value."""
-
-    name: str
-    minimum: int
-
-
-_DRIVERS: dict[str, tuple[_Driver, ...]] = {
-    "ldp-shuffle": (_Driver("n", 1), _Driver("m", 1), _Driver("steps", 1)),
-    "krr": (_Driver("n", 1), _Driver("steps", 1)),
-    "clones": (_Driver("n", 1), _Driver("steps", 1)),
-    "clones-gaussian": (_Driver("n", 1), _Driver("steps", 1)),
-}
-_RDP_DRIVERS = (_Driver("max_order", 2), _Driver("n", 1), _Driver("m", 1), _Driver("steps", 1))
-
-
 def check_budget(
-    mechanism: str,
+    mechanism: str | Mechanism,
     values: Mapping[str, object],
     *,
     steps: list[int],
@@ -130,8 +115,12 @@ def check_budget(
 ) -> float:
     """Refuse a request whose estimated cost exceeds ``budget`` seconds.
 
+    The refusal names the first of the record's :attr:`~.records.Mechanism.drivers` whose
+    lowering brings the estimate within the budget.
+
     Args:
-        mechanism: A mechanism of :data:`~shuffle_opacus.analysis.MECHANISM_TABLE`.
+        mechanism: A mechanism of :data:`~shuffle_opacus.analysis.MECHANISM_TABLE` (its name
+            or its record).
         values: Its parameters by name (validated).
         steps: The round counts (validated).
         method: The method, or ``None``.
@@ -145,6 +134,7 @@ def check_budget(
         WorkLimitError: naming the parameter to lower and its largest acceptable value, with
             the estimate.
     """
+    entry = mechanism_record(mechanism)
     full = dict(values)
     full["max_order"] = max_order
     full["steps"] = list(steps)
@@ -152,7 +142,7 @@ def check_budget(
     def cost(changes: Mapping[str, object]) -> float:
         trial = {**full, **changes}
         return account_seconds(
-            mechanism,
+            entry,
             trial,
             steps=trial["steps"],  # type: ignore[arg-type]
             method=method,
@@ -162,8 +152,8 @@ def check_budget(
     total = cost({})
     if total <= budget:
         return total
-    label = _label(mechanism, method, values)
-    for driver in _DRIVERS.get(mechanism, _RDP_DRIVERS):
+    label = _label(entry.name, method, values)
+    for driver in entry.drivers:
         current = full.get(driver.name)
         if current is None:
             continue
@@ -190,7 +180,7 @@ def check_budget(
             f"{driver.name} must be <= {best} for {label} (estimated {_seconds(total)}, "
             f"limit {budget:g} s)."
         )
-    names = ", ".join(d.name for d in _DRIVERS.get(mechanism, _RDP_DRIVERS))
+    names = ", ".join(d.name for d in entry.drivers)
     raise WorkLimitError(
         f"{label} is estimated at {_seconds(total)}, over the {budget:g} s limit; lower {names}."
     )
@@ -271,7 +261,7 @@ def charge(seconds: float, refuse: Callable[[float, float], str]) -> None:
 
 def check_calibrate_budget(
     *,
-    mechanism: str,
+    mechanism: str | Mechanism,
     method: str,
     n: int,
     m: int | None,
@@ -285,7 +275,7 @@ def check_calibrate_budget(
     range; later stages are charged while the calibration runs (:func:`charge`).
 
     Args:
-        mechanism: The protocol's analysis mechanism (``shuffle``, ``subsampled``, ``checkin``).
+        mechanism: The protocol's analysis mechanism (its name or its record).
         method: Its method.
         n: Population (validated).
         m: Users per round, or ``None``.
@@ -297,12 +287,15 @@ def check_calibrate_budget(
         The estimate in seconds.
 
     Raises:
-        WorkLimitError: naming ``n`` or ``rounds`` and its largest acceptable value.
+        WorkLimitError: naming ``n`` or ``rounds`` (the method's
+            :attr:`~.records.Cost.calibration_drivers`) and its largest acceptable value.
     """
+    entry = mechanism_record(mechanism)
+    drivers = calibration_drivers(entry, method)
 
     def cost(n_: int, rounds_: int) -> float:
         return calibrate_seconds(
-            mechanism=mechanism,
+            mechanism=entry,
             method=method,
             n=n_,
             m=None if m is None else min(m, n_),
@@ -314,7 +307,7 @@ def check_calibrate_budget(
     total = cost(n, rounds)
     if total <= budget:
         return total
-    for name in _calibrate_drivers(method):
+    for name in drivers:
         if name == "n":
             best = largest_within(lambda x: cost(x, rounds), max(m or 1, 1), n, budget)
             top = n
@@ -323,12 +316,12 @@ def check_calibrate_budget(
             top = rounds
         if best is not None and best < top:
             raise WorkLimitError(
-                f"{name} must be <= {best} for calibrate {mechanism} --method {method} "
+                f"{name} must be <= {best} for calibrate {entry.name} --method {method} "
                 f"(estimated {_seconds(total)}, limit {budget:g} s)."
             )
     raise WorkLimitError(
-        f"calibrate {mechanism} --method {method} is estimated at {_seconds(total)}, over the "
-        f"{budget:g} s limit; lower {' or '.join(_calibrate_drivers(method))}."
+        f"calibrate {entry.name} --method {method} is estimated at {_seconds(total)}, over the "
+        f"{budget:g} s limit; lower {' or '.join(drivers)}."
     )
 
 

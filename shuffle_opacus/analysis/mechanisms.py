@@ -1,37 +1,37 @@
 """The table of mechanisms: one record per mechanism, its parameters, methods and references.
 
 Everything that turns a mechanism into epsilon reads :data:`MECHANISM_TABLE`: the ``account``
-command and :func:`~shuffle_opacus.analysis.account`, the Opacus accountants through the
-protocol table (:data:`shuffle_opacus.PROTOCOLS` names a mechanism of it), the experiment's
-curves. Mechanisms composed round by round (``shuffle``, ``subsampled``, ``checkin``, ``gaussian``,
-``subsampled-gaussian``) carry per-round RDP factories and, for the shuffle mechanisms, the
-``pld`` method, their tightest sound default, with a Rényi ``fallback`` where the work limits
-do not allow it; the others (``clones``, ``clones-gaussian``, ``ldp-shuffle``, ``krr``) carry
-the function that accounts them (:attr:`Mechanism.results`). The functions live in
-:mod:`.methods`. Units, references and assumptions: docs/maths.md, "The mechanism table".
+command and :func:`~shuffle_opacus.analysis.account`, the cost model and work limits
+(:mod:`.costs`, :mod:`.limits`), the Opacus accountants through the protocol table
+(:data:`shuffle_opacus.PROTOCOLS` names a mechanism of it), the experiment's curves and their
+legend labels (:func:`curve_labels`). Mechanisms composed round by round (``shuffle``,
+``subsampled``, ``checkin``, ``gaussian``, ``subsampled-gaussian``) carry per-round RDP factories
+and, for the shuffle mechanisms, the ``pld`` method, their tightest sound default, with a Rényi
+``fallback`` where the work limits do not allow it; the others (``clones``, ``clones-gaussian``,
+``ldp-shuffle``, ``krr``) carry the function that accounts them (:attr:`Mechanism.results`).
+The records are :mod:`.records`; the maths :mod:`.methods`; each method's cost model
+:mod:`.costs`. A new mechanism is one module plus one record, added by
+:func:`register_mechanism` (tests/analysis/test_adding_a_mechanism.py does it). Units,
+references and assumptions: docs/maths.md, "The mechanism table".
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .._validation import check_int, check_probability, check_sigma
+from .._validation import check_positive, check_probability, check_sigma
+from . import costs as _c
 from . import methods as _m
 from .limits import charge, largest_within, rdp_stage_seconds, report_progress
-from .methods import RdpFactory, RdpFn
+from .methods import RdpFn
 from .options import CLONES_METHODS, KRR_ADVERSARIES, LDP_SHUFFLE_METHODS
+from .records import Cost, Driver, Mechanism, Method, Parameter, RequestCost
 from .setting import RoundSetting
-
-if TYPE_CHECKING:
-    from .pld.rounds import PldEstimate
-    from .results import AccountingResult
 
 __all__ = [
     "RdpFn",
@@ -40,165 +40,59 @@ __all__ = [
     "Mechanism",
     "MECHANISM_TABLE",
     "PARAMETERS",
+    "COMMON_PARAMETERS",
     "get_mechanism",
     "round_mechanism",
     "per_step_rdp",
+    "register_mechanism",
+    "unregister_mechanism",
+    "registered",
+    "parameter_specs",
+    "curve_labels",
     "SHUFFLE_ASSUMPTIONS",
     "PROVEN_ASSUMPTIONS",
 ]
 
 PARAMETERS: tuple[str, ...] = ("n", "sigma", "eps0", "m", "rate", "k", "gamma", "adversary")
-"""Every mechanism parameter, in the order results display them."""
+"""Every parameter of the shipped mechanisms, in the order results display them (a registered
+mechanism may add its own: :func:`parameter_specs`)."""
 
-Runner = Callable[..., "list[AccountingResult]"]
-"""``run(steps=..., delta=..., method=..., **parameters)``: one result per round count."""
+COMMON_PARAMETERS: dict[str, Parameter] = {
+    p.name: p
+    for p in (
+        Parameter("n", "number of users (integer >= 1)", kind="int"),
+        Parameter(
+            "sigma",
+            "the analysis sigma > 0 (1e-150 to 1e150): for shuffle, subsampled and checkin each "
+            "user's noise std over the distance of the differing user's two inputs (not the "
+            "noise multiplier: under replace-one it is half of it)",
+            check=lambda label, v: check_sigma(v, label),
+        ),
+        Parameter("m", "users per round (subsampled), 1..n", kind="int"),
+        Parameter("rate", "check-in or Poisson rate", check=check_probability),
+    )
+}
+"""How the command line takes the parameters several mechanisms share; a mechanism's own
+parameters are in its record (:attr:`Mechanism.cli`)."""
 
+_EPS0 = Parameter(
+    "eps0", "local epsilon > 0 of each report (clones, ldp-shuffle)", check=check_positive
+)
 
-@dataclass(frozen=True)
-class Method:
-    """One way to bound the privacy of a mechanism.
-
-    Attributes:
-        name: The method's name (``--method`` of the ``account`` command).
-        step_rdp: ``setting -> (orders -> per-round RDP)`` (Rényi-DP methods).
-        summary: One line saying what the bound is and what it assumes.
-        pld: ``(rounds, delta, lower) -> PldEstimate`` of composed ``(setting, steps)`` rounds
-            (privacy-loss-distribution methods; ``lower`` asks for the optimistic estimate too).
-        assumptions: What this method's guarantees rest on, where it differs from the
-            mechanism's :attr:`Mechanism.assumptions` (``proven``), else ``None``.
-    """
-
-    name: str
-    step_rdp: RdpFactory | None
-    summary: str
-    pld: Callable[[Sequence[tuple[RoundSetting, int]], float, bool], PldEstimate] | None = None
-    assumptions: tuple[str, ...] | None = None
-
-    @property
-    def kind(self) -> str:
-        """``rdp``, ``pld``, or ``whole`` (accounted by :attr:`Mechanism.results`)."""
-        if self.pld is not None:
-            return "pld"
-        return "rdp" if self.step_rdp is not None else "whole"
-
-
-@dataclass(frozen=True)
-class Mechanism:
-    """A mechanism of the table: parameters, methods (first is the default) and references.
-
-    Attributes:
-        name: The mechanism's name (``shuffle-opacus account NAME``).
-        parameters: The parameters it requires (names of :data:`PARAMETERS`).
-        methods: Its methods; the first is the default, the tightest sound one.
-        neighbouring: The neighbouring relation of its guarantees.
-        summary: One line for help texts.
-        optional: Parameters it accepts besides the required ones.
-        references: Comparison curves by name (``no-shuffle``, ``central``); not guarantees.
-        fallback: The method the default falls back to where the default's estimated cost
-            exceeds the work limits, or ``None`` (the default is always used).
-        assumptions: What its guarantees rest on besides the neighbouring relation (for a
-            mechanism with :attr:`results`, its results state them: they depend on the method).
-        sigma_unit: What ``sigma`` is relative to, where the results should say it.
-        results: For a mechanism not composed round by round, the function that accounts it
-            (``results(steps=..., delta=..., method=..., **parameters)``); ``None`` for the
-            mechanisms of :func:`per_step_rdp` and :func:`~.epsilon.rounds_epsilon`.
-    """
-
-    name: str
-    parameters: tuple[str, ...]
-    methods: tuple[Method, ...]
-    neighbouring: str
-    summary: str
-    optional: tuple[str, ...] = ()
-    references: Mapping[str, RdpFactory] = dataclasses.field(default_factory=dict)
-    fallback: str | None = None
-    assumptions: tuple[str, ...] = ()
-    sigma_unit: str | None = None
-    results: Runner | None = None
-
-    def assumptions_of(self, method: str | None) -> tuple[str, ...]:
-        """Return what the guarantees of ``method`` (the default for ``None``) rest on."""
-        own = self.method(method).assumptions
-        return self.assumptions if own is None else own
-
-    @property
-    def method_names(self) -> tuple[str, ...]:
-        """Names of the methods, the default first."""
-        return tuple(m.name for m in self.methods)
-
-    @property
-    def default_method(self) -> str:
-        """Name of the default method (the tightest sound one; see :attr:`fallback`)."""
-        return self.methods[0].name
-
-    @property
-    def by_rounds(self) -> bool:
-        """Whether it is composed round by round (no :attr:`results` function)."""
-        return self.results is None
-
-    def method(self, name: str | None = None) -> Method:
-        """Return the method called ``name`` (the default for ``None``).
-
-        Raises:
-            ValueError: if the mechanism has no such method.
-        """
-        if name is None:
-            return self.methods[0]
-        for method in self.methods:
-            if method.name == name:
-                return method
-        raise ValueError(
-            f"method must be one of {', '.join(self.method_names)} for {self.name}. Found {name!r}."
-        )
-
-    def reference(self, name: str) -> RdpFactory:
-        """Return the per-round RDP factory of the reference curve ``name``.
-
-        Raises:
-            ValueError: if the mechanism has no such reference.
-        """
-        if name not in self.references:
-            allowed = ", ".join(self.references) or "none"
-            raise ValueError(f"reference must be one of {allowed} for {self.name}. Found {name!r}.")
-        return self.references[name]
-
-    def setting(
-        self,
-        *,
-        sigma: float | None,
-        n: int | None = None,
-        m: int | None = None,
-        rate: float | None = None,
-    ) -> RoundSetting:
-        """Validate the parameters of one round.
-
-        Returns:
-            A :class:`RoundSetting`.
-
-        Raises:
-            ValueError: for a missing or extraneous parameter, or a value out of range.
-        """
-        given = {"n": n, "sigma": sigma, "m": m, "rate": rate}
-        for name in self.parameters:
-            if given.get(name) is None:
-                raise ValueError(f"{name} is required for {self.name}.")
-        for name, value in given.items():
-            if value is not None and name not in self.parameters:
-                raise ValueError(f"{name} is not a parameter of {self.name}. Found {value!r}.")
-        n_checked = check_int("n", n, minimum=1) if n is not None else None
-        return RoundSetting(
-            sigma=check_sigma(sigma),
-            n=n_checked,
-            m=check_int("m", m, minimum=1, maximum=n_checked) if m is not None else None,
-            rate=check_probability("rate", rate) if rate is not None else None,
-        )
-
+_WHOLE_DRIVERS = (Driver("n"), Driver("steps"))
 
 _PLD = Method(
     "pld",
     None,
     "privacy loss distribution of the symmetrised Theorem 1 pair (tight (eps, delta))",
     pld=_m.shuffle_pld,
+    cost=Cost(
+        request=_c.shuffle_pld_request,
+        calibration=_c.shuffle_pld_calibration,
+        calibration_drivers=("n", "rounds"),
+        min_sigma=0.05,
+    ),
+    label="shuffle, privacy loss distribution (this package)",
 )
 
 _REPLACE_ONE = "replace-one user"
@@ -231,13 +125,32 @@ _SIGMA_UNIT = (
 )
 
 
+_PROVEN_COST = Cost(
+    request=_c.proven_request,
+    calibration=_c.proven_calibration,
+    calibration_drivers=("n", "rounds"),
+)
+_PROVEN_LABEL = "shuffle, proven bound (this package)"
+
 _PROVEN_SAMPLED = Method(
-    "proven", None, _PROVEN_SUMMARY, _m.proven_pld, (*PROVEN_ASSUMPTIONS, _SECRET_SAMPLING)
+    "proven",
+    None,
+    _PROVEN_SUMMARY,
+    _m.proven_pld,
+    (*PROVEN_ASSUMPTIONS, _SECRET_SAMPLING),
+    cost=_PROVEN_COST,
+    label=_PROVEN_LABEL,
 )
 
+_REFERENCE_LABELS = {"no-shuffle": "no shuffling (Corollary 1)", "central": "central DP reference"}
 
-def _whole(names: Sequence[str], summary: str) -> tuple[Method, ...]:
-    return tuple(Method(name, None, summary) for name in names)
+
+def _whole(names: Sequence[str], summary: str, costs: Sequence[RequestCost]) -> tuple[Method, ...]:
+    """Methods of a mechanism accounted as a whole, each with its request's cost."""
+    return tuple(
+        Method(name, None, summary, cost=Cost(request=cost))
+        for name, cost in zip(names, costs, strict=True)
+    )
 
 
 MECHANISM_TABLE: dict[str, Mechanism] = {
@@ -248,9 +161,28 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
             parameters=("n", "sigma"),
             methods=(
                 _PLD,
-                Method("proven", None, _PROVEN_SUMMARY, _m.proven_pld, PROVEN_ASSUMPTIONS),
-                Method("theorem1", _m.theorem1, "Theorem 1 of Liew & Takahashi, exact RDP"),
-                Method("corollary1", _m.corollary1, "Corollary 1: the Gaussian, no shuffling"),
+                Method(
+                    "proven",
+                    None,
+                    _PROVEN_SUMMARY,
+                    _m.proven_pld,
+                    PROVEN_ASSUMPTIONS,
+                    cost=_PROVEN_COST,
+                    label=_PROVEN_LABEL,
+                ),
+                Method(
+                    "theorem1",
+                    _m.theorem1,
+                    "Theorem 1 of Liew & Takahashi, exact RDP",
+                    cost=Cost(stage=_c.shuffle_stage),
+                ),
+                Method(
+                    "corollary1",
+                    _m.corollary1,
+                    "Corollary 1: the Gaussian, no shuffling",
+                    cost=Cost(stage=_c.closed_form_stage),
+                    label="shuffle, Corollary 1",
+                ),
             ),
             neighbouring=_REPLACE_ONE,
             summary=_PLD.summary,
@@ -261,6 +193,10 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
             fallback="theorem1",
             assumptions=SHUFFLE_ASSUMPTIONS,
             sigma_unit=_SIGMA_UNIT,
+            reference_cost=_c.closed_form_stage,
+            reference_labels=_REFERENCE_LABELS,
+            noise_multiplier=True,
+            beside_default="proven",
         ),
         Mechanism(
             name="subsampled",
@@ -268,7 +204,12 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
             methods=(
                 _PLD,
                 _PROVEN_SAMPLED,
-                Method("theorem2", _m.theorem2, "Theorem 2: Wang et al. bound on Theorem 1 (RDP)"),
+                Method(
+                    "theorem2",
+                    _m.theorem2,
+                    "Theorem 2: Wang et al. bound on Theorem 1 (RDP)",
+                    cost=Cost(stage=_c.theorem2_stage),
+                ),
             ),
             neighbouring=_REPLACE_ONE,
             summary=_PLD.summary,
@@ -279,6 +220,10 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
             fallback="theorem2",
             assumptions=(*SHUFFLE_ASSUMPTIONS, _SECRET_SAMPLING),
             sigma_unit=_SIGMA_UNIT,
+            reference_cost=_c.mixture_stage,
+            reference_labels=_REFERENCE_LABELS,
+            noise_multiplier=True,
+            beside_default="proven",
         ),
         Mechanism(
             name="checkin",
@@ -286,9 +231,27 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
             methods=(
                 _PLD,
                 _PROVEN_SAMPLED,
-                Method("exact", _m.checkin("exact"), "exact binomial average of Theorem 1 (RDP)"),
-                Method("sum", _m.checkin("sum"), "the paper's Eq. 17 summed over the binomial"),
-                Method("theorem3", _m.checkin("theorem3"), "the paper's Theorem 3 (Conjecture 1)"),
+                Method(
+                    "exact",
+                    _m.checkin("exact"),
+                    "exact binomial average of Theorem 1 (RDP)",
+                    cost=Cost(stage=_c.shuffle_stage),
+                    label="shuffle, Rényi bound (this package)",
+                ),
+                Method(
+                    "sum",
+                    _m.checkin("sum"),
+                    "the paper's Eq. 17 summed over the binomial",
+                    cost=Cost(stage=_c.checkin_sum_stage),
+                    label="shuffle, binomial sum (Eq. 17)",
+                ),
+                Method(
+                    "theorem3",
+                    _m.checkin("theorem3"),
+                    "the paper's Theorem 3 (Conjecture 1)",
+                    cost=Cost(stage=_c.theorem3_stage),
+                    label="shuffle, Theorem 3 (paper)",
+                ),
             ),
             neighbouring=_REPLACE_ONE,
             summary=_PLD.summary,
@@ -299,11 +262,22 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
             fallback="exact",
             assumptions=(*SHUFFLE_ASSUMPTIONS, _SECRET_SAMPLING),
             sigma_unit=_SIGMA_UNIT,
+            reference_cost=_c.mixture_stage,
+            reference_labels=_REFERENCE_LABELS,
+            noise_multiplier=True,
+            beside_default="proven",
         ),
         Mechanism(
             name="gaussian",
             parameters=("sigma",),
-            methods=(Method("rdp", _m.gaussian(_m.one), "Gaussian mechanism, lambda / 2 sigma^2"),),
+            methods=(
+                Method(
+                    "rdp",
+                    _m.gaussian(_m.one),
+                    "Gaussian mechanism, lambda / 2 sigma^2",
+                    cost=Cost(stage=_c.closed_form_stage),
+                ),
+            ),
             neighbouring="sum changes by at most the sensitivity",
             summary="Gaussian mechanism, lambda / 2 sigma^2",
         ),
@@ -315,6 +289,7 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
                     "rdp",
                     _m.poisson_gaussian(_m.one),
                     "Poisson-subsampled Gaussian (Mironov, Talwar & Zhang)",
+                    cost=Cost(stage=_c.mixture_stage),
                 ),
             ),
             neighbouring="add/remove-one user (Poisson sampling)",
@@ -323,25 +298,40 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
         Mechanism(
             name="clones",
             parameters=("n", "eps0"),
-            methods=_whole(CLONES_METHODS, "clones bound (Feldman, McMillan & Talwar)"),
+            methods=_whole(
+                CLONES_METHODS,
+                "clones bound (Feldman, McMillan & Talwar)",
+                (_c.clones_request, _c.clones_closed_form_request),
+            ),
             neighbouring=_REPLACE_ONE,
             summary="clones bound for eps0-LDP reports (approximate DP)",
             results=_m.clones,
+            drivers=_WHOLE_DRIVERS,
+            cli=(_EPS0,),
         ),
         Mechanism(
             name="clones-gaussian",
             parameters=("n", "sigma"),
             optional=("rate",),
-            methods=_whole(CLONES_METHODS, "clones bound (Feldman, McMillan & Talwar)"),
+            methods=_whole(
+                CLONES_METHODS,
+                "clones bound (Feldman, McMillan & Talwar)",
+                (_c.clones_gaussian_request, _c.clones_closed_form_request),
+            ),
             neighbouring=_REPLACE_ONE,
             summary="clones bound for Gaussian reports, Theorem 3.8 (approximate DP)",
             results=_m.clones,
+            drivers=_WHOLE_DRIVERS,
         ),
         Mechanism(
             name="ldp-shuffle",
             parameters=("n", "eps0"),
             optional=("m",),
-            methods=_whole(LDP_SHUFFLE_METHODS, "PLD of a dominating pair of shuffled reports"),
+            methods=_whole(
+                LDP_SHUFFLE_METHODS,
+                "PLD of a dominating pair of shuffled reports",
+                (_c.ldp_shuffle_request,) * len(LDP_SHUFFLE_METHODS),
+            ),
             neighbouring=_REPLACE_ONE,
             summary=(
                 "PLD of a Feldman-McMillan-Talwar pair for eps0-LDP reports: pld, the clones pair "
@@ -349,19 +339,38 @@ MECHANISM_TABLE: dict[str, Mechanism] = {
                 "to randomisers such as binary and k-ary randomised response"
             ),
             results=_m.ldp_shuffle,
+            drivers=(Driver("n"), Driver("m"), Driver("steps")),
+            cli=(_EPS0,),
         ),
         Mechanism(
             name="krr",
             parameters=("n", "k", "gamma"),
             optional=("adversary",),
-            methods=_whole(("pld",), "PLD of shuffled k-randomised response"),
+            methods=_whole(("pld",), "PLD of shuffled k-randomised response", (_c.krr_request,)),
             neighbouring=_REPLACE_ONE,
             summary=f"PLD of shuffled k-randomised response ({' or '.join(KRR_ADVERSARIES)})",
             results=_m.krr,
+            drivers=_WHOLE_DRIVERS,
+            cli=(
+                Parameter("k", "krr: domain size (>= 2)", kind="int", minimum=2),
+                Parameter(
+                    "gamma",
+                    "krr: probability in (0, 1] that a user answers uniformly at random",
+                    check=check_probability,
+                ),
+                Parameter(
+                    "adversary",
+                    "krr: strong (knows who randomised, Balle et al.; default) or weak",
+                    kind="choice",
+                    choices=KRR_ADVERSARIES,
+                ),
+            ),
         ),
     )
 }
 """Every mechanism by name: the one table of what a mechanism is."""
+
+_SHIPPED = frozenset(MECHANISM_TABLE)
 
 
 def get_mechanism(name: str) -> Mechanism:
@@ -390,6 +399,152 @@ def round_mechanism(name: str) -> Mechanism:
             f"account()). Found {name!r}."
         )
     return mech
+
+
+_ROUND_PARAMETERS = frozenset(RoundSetting.__dataclass_fields__)
+_REQUEST_PARAMETERS = ("max_order", "steps")
+
+
+def parameter_specs() -> dict[str, Parameter]:
+    """Return how the command line takes every parameter of the table, by name.
+
+    The shared ones (:data:`COMMON_PARAMETERS`) and each record's own (:attr:`Mechanism.cli`, the
+    first record that describes a name), in the order of :data:`PARAMETERS`, then those of
+    registered mechanisms in table order.
+    """
+    specs = dict(COMMON_PARAMETERS)
+    for entry in MECHANISM_TABLE.values():
+        for spec in entry.cli:
+            specs.setdefault(spec.name, spec)
+    order = [name for name in PARAMETERS if name in specs]
+    order += [name for name in specs if name not in PARAMETERS]
+    return {name: specs[name] for name in order}
+
+
+def curve_labels(mechanisms: Iterable[str] | None = None) -> dict[str, str]:
+    """Return the legend label of each curve that has one, by curve name.
+
+    A curve is a method (:attr:`Method.label`) or a reference
+    (:attr:`Mechanism.reference_labels`); a name shared by several mechanisms (``pld``) has one
+    label.
+
+    Args:
+        mechanisms: The mechanisms whose curves to label (all of the table by default).
+
+    Returns:
+        ``{curve name: label}``, methods before references, in table order.
+
+    Raises:
+        ValueError: for an unknown mechanism.
+    """
+    entries = [
+        get_mechanism(name) for name in (MECHANISM_TABLE if mechanisms is None else mechanisms)
+    ]
+    labels = {m.name: m.label for e in entries for m in e.methods if m.label is not None}
+    for entry in entries:
+        for name, label in entry.reference_labels.items():
+            labels.setdefault(name, label)
+    return labels
+
+
+def _invalid(record: Mechanism) -> str | None:
+    """Return what makes ``record`` unfit for the table (one line), or ``None``."""
+    known = parameter_specs()
+    own = {spec.name: spec for spec in record.cli}
+    for name, spec in own.items():
+        if name in known and known[name] != spec:
+            return f"cli parameter {name} must be described as the table does (or left out)"
+    names = record.method_names
+    if not names or len(set(names)) != len(names):
+        return "methods must be at least one, with distinct names"
+    for name in record.parameters + record.optional:
+        if name not in known and name not in own:
+            return f"parameter {name} must be one of {', '.join(known)} or described in cli"
+        if record.by_rounds and name not in _ROUND_PARAMETERS:
+            rounds = ", ".join(sorted(_ROUND_PARAMETERS))
+            return f"parameter {name} of a mechanism by rounds must be one of {rounds}"
+    if record.by_rounds and "sigma" not in record.parameters:
+        return "parameters of a mechanism by rounds must include sigma"
+    for method in record.methods:
+        if record.by_rounds and method.kind == "whole":
+            return f"method {method.name} needs step_rdp or pld (the mechanism has no results)"
+        if method.kind == "rdp" and method.cost.stage is None:
+            return f"method {method.name} needs a cost with a stage (its Rényi order range)"
+        if method.kind != "rdp" and method.cost.request is None:
+            return f"method {method.name} needs a cost with a request"
+    if record.fallback is not None and record.fallback not in names:
+        return f"fallback must be one of {', '.join(names)}. Found {record.fallback!r}"
+    if record.references and record.reference_cost is None:
+        return "reference_cost must be given with references"
+    if record.beside_default is not None and record.beside_default not in names:
+        return f"beside_default must be one of {', '.join(names)}. Found {record.beside_default!r}"
+    allowed = record.parameters + record.optional + _REQUEST_PARAMETERS
+    for driver in record.drivers:
+        if driver.name not in allowed:
+            return f"driver {driver.name} must be one of {', '.join(allowed)}"
+    return None
+
+
+def register_mechanism(record: Mechanism) -> Mechanism:
+    """Add ``record`` to :data:`MECHANISM_TABLE`, where every front end finds it by its name.
+
+    ``account``, the command line, the cost model and the work limits then know it. The
+    record must be complete: a cost for each method (a stage for Rényi-DP methods, a request
+    otherwise), parameters the table or its own :attr:`Mechanism.cli` describes
+    (those of a mechanism composed by rounds are the round's: ``n``, ``sigma``, ``m``,
+    ``rate``), and a fallback, drivers and references that are its own. A command-line parser
+    built afterwards (:func:`shuffle_opacus.cli.build_parser`, which
+    :func:`~shuffle_opacus.cli.main` calls each time) offers it.
+
+    Args:
+        record: The mechanism's record, under a name not in the table.
+
+    Returns:
+        The record.
+
+    Raises:
+        ValueError: for a name already in the table or an incomplete record (one line).
+    """
+    if not isinstance(record, Mechanism):
+        raise ValueError(f"record must be a Mechanism. Found {type(record).__name__}.")
+    if not record.name or record.name in MECHANISM_TABLE:
+        raise ValueError(
+            f"record.name must be a name not in the table ({', '.join(MECHANISM_TABLE)}). "
+            f"Found {record.name!r}."
+        )
+    problem = _invalid(record)
+    if problem is not None:
+        raise ValueError(f"record {record.name}: {problem}.")
+    MECHANISM_TABLE[record.name] = record
+    _step_table.cache_clear()
+    return record
+
+
+def unregister_mechanism(name: str) -> Mechanism:
+    """Remove the mechanism ``name`` that :func:`register_mechanism` added, and return it.
+
+    Raises:
+        ValueError: for a name not in the table, or one of the shipped mechanisms.
+    """
+    if name not in MECHANISM_TABLE or name in _SHIPPED:
+        added = ", ".join(n for n in MECHANISM_TABLE if n not in _SHIPPED) or "none"
+        raise ValueError(f"name must be a registered mechanism ({added}). Found {name!r}.")
+    _step_table.cache_clear()
+    return MECHANISM_TABLE.pop(name)
+
+
+@contextlib.contextmanager
+def registered(record: Mechanism) -> Iterator[Mechanism]:
+    """Register ``record`` for the duration of a ``with`` block (:func:`register_mechanism`).
+
+    Raises:
+        ValueError: as :func:`register_mechanism`.
+    """
+    register_mechanism(record)
+    try:
+        yield record
+    finally:
+        unregister_mechanism(record.name)
 
 
 @functools.lru_cache(maxsize=256)

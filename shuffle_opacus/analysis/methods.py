@@ -12,20 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .options import CLONES_METHODS, LDP_PAIRS, LDP_SHUFFLE_METHODS
+from .records import RdpFactory, RdpFn
 
 if TYPE_CHECKING:
     from .pld.rounds import PldEstimate
     from .results import AccountingResult
     from .setting import RoundSetting
-
-RdpFn = Callable[[np.ndarray], np.ndarray]
-"""Maps a sorted array of integer orders ``>= 2`` to the RDP of one round at those orders."""
-
-RdpFactory = Callable[["RoundSetting"], RdpFn]
-"""Maps a round's setting to its per-round RDP curve."""
 
 
 def theorem1(s: RoundSetting) -> RdpFn:
