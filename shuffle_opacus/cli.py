@@ -33,13 +33,13 @@ from ._validation import (
     SIGMA_RANGE,
     check_positive,
     check_probability,
-    check_sigma,
 )
 from .analysis.limits import CLI_MAX_SECONDS, observe
-from .analysis.mechanisms import MECHANISM_TABLE, PARAMETERS
-from .analysis.options import KRR_ADVERSARIES
+from .analysis.mechanisms import MECHANISM_TABLE
 from .analysis.query import account
 from .analysis.rdp.conversion import OrderCapWarning
+from .analysis.records import Parameter
+from .analysis.registry import parameter_specs
 from .analysis.results import AccountingResult
 from .calibration import UnreachableTargetError, calibrate
 from .cli_args import (
@@ -54,7 +54,6 @@ from .cli_args import (
 )
 from .protocols import (
     PROTOCOL_NAMES,
-    PROTOCOLS,
     SENSITIVITIES,
     PaperConventionWarning,
     get_protocol,
@@ -84,16 +83,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _noise_multiplier_mechanisms() -> tuple[str, ...]:
+    """Return the mechanisms whose noise may be a noise multiplier with a sensitivity."""
+    return tuple(e.name for e in MECHANISM_TABLE.values() if e.noise_multiplier)
+
+
+def _and(names: Sequence[str]) -> str:
+    """Join names as ``a, b and c``."""
+    return " and ".join(filter(None, (", ".join(names[:-1]), names[-1]))) if names else ""
+
+
+def _add_parameter(acc: argparse.ArgumentParser, spec: Parameter) -> None:
+    """Add the flag of one mechanism parameter, as its record describes it."""
+    if spec.kind == "int":
+        acc.add_argument(spec.flag, type=_int_arg(spec.flag, spec.minimum), help=spec.help)
+    elif spec.kind == "choice":
+        acc.add_argument(spec.flag, choices=spec.choices, help=spec.help)
+    else:
+        check = spec.check or check_positive
+        acc.add_argument(spec.flag, type=_float_arg(spec.flag, check), help=spec.help)
+
+
 def _add_account(sub: argparse._SubParsersAction) -> None:
     rows = "; ".join(
         f"{e.name} ({', '.join(e.parameters + e.optional)}): {e.summary}"
         for e in MECHANISM_TABLE.values()
     )
+    noise = _noise_multiplier_mechanisms()
     acc = sub.add_parser(
         "account",
         help="epsilon of a shuffle (or central reference) mechanism after some rounds",
         description=(
-            "Epsilon after --steps rounds. For shuffle, subsampled and checkin give the noise as "
+            f"Epsilon after --steps rounds. For {_and(noise)} give the noise as "
             "in the API and in calibrate's output: --noise-multiplier (each user's noise std / "
             "the clipping norm C) with --sensitivity (replace-one by default: clipped updates "
             "up to 2C apart); or --sigma, the analysis sigma of the maths (each user's noise std "
@@ -104,47 +125,22 @@ def _add_account(sub: argparse._SubParsersAction) -> None:
         ),
     )
     acc.add_argument("mechanism", choices=tuple(MECHANISM_TABLE), help="mechanism to account")
-    acc.add_argument("--n", type=_int_arg("--n"), help="number of users (integer >= 1)")
-    acc.add_argument(
-        "--noise-multiplier",
-        type=_float_arg("--noise-multiplier", check_positive),
-        help="shuffle, subsampled, checkin: each user's noise std / the clipping norm (the "
-        "unit of calibrate and of the Opacus API); turned into sigma by --sensitivity",
-    )
-    acc.add_argument(
-        "--sensitivity",
-        type=_sensitivity_arg,
-        help="with --noise-multiplier, in units of the clipping norm: replace-one (2, default), "
-        "paper (1: the paper's convention, holds only if every clipped update lies within C "
-        "of every other) or a number in [1, 2]",
-    )
-    acc.add_argument(
-        "--sigma",
-        type=_float_arg("--sigma", lambda label, v: check_sigma(v, label)),
-        help="the analysis sigma > 0 (1e-150 to 1e150): for shuffle, subsampled and checkin "
-        "each user's noise std over the distance of the differing user's two inputs (not the "
-        "noise multiplier: under replace-one it is half of it)",
-    )
-    acc.add_argument(
-        "--eps0",
-        type=_float_arg("--eps0", check_positive),
-        help="local epsilon > 0 of each report (clones, ldp-shuffle)",
-    )
-    acc.add_argument("--m", type=_int_arg("--m"), help="users per round (subsampled), 1..n")
-    acc.add_argument(
-        "--rate", type=_float_arg("--rate", check_probability), help="check-in or Poisson rate"
-    )
-    acc.add_argument("--k", type=_int_arg("--k", minimum=2), help="krr: domain size (>= 2)")
-    acc.add_argument(
-        "--gamma",
-        type=_float_arg("--gamma", check_probability),
-        help="krr: probability in (0, 1] that a user answers uniformly at random",
-    )
-    acc.add_argument(
-        "--adversary",
-        choices=KRR_ADVERSARIES,
-        help="krr: strong (knows who randomised, Balle et al.; default) or weak",
-    )
+    for spec in parameter_specs().values():
+        if spec.name == "sigma":  # the two ways of giving the noise, side by side
+            acc.add_argument(
+                "--noise-multiplier",
+                type=_float_arg("--noise-multiplier", check_positive),
+                help=f"{', '.join(noise)}: each user's noise std / the clipping norm (the unit "
+                "of calibrate and of the Opacus API); turned into sigma by --sensitivity",
+            )
+            acc.add_argument(
+                "--sensitivity",
+                type=_sensitivity_arg,
+                help="with --noise-multiplier, in units of the clipping norm: replace-one (2, "
+                "default), paper (1: the paper's convention, holds only if every clipped update "
+                "lies within C of every other) or a number in [1, 2]",
+            )
+        _add_parameter(acc, spec)
     methods = sorted({m for e in MECHANISM_TABLE.values() for m in e.method_names})
     acc.add_argument(
         "--method",
@@ -235,7 +231,7 @@ def _flag_error(message: str) -> str:
     head, _, rest = message.partition(" ")
     if head in ("population", "target_epsilon"):
         return f"{'--n' if head == 'population' else '--epsilon'} {rest}"
-    if head in PARAMETERS or head in ("max_order", "steps", "delta", "rounds"):
+    if head in parameter_specs() or head in ("max_order", "steps", "delta", "rounds"):
         return f"--{head.replace('_', '-')} {rest}"
     return message
 
@@ -280,10 +276,6 @@ def _progress(label: str) -> Iterator[None]:
         bar.close()
 
 
-#: Mechanisms whose noise may be given as a noise multiplier with a sensitivity.
-_NOISE_MULTIPLIER_MECHANISMS = tuple(p.mechanism for p in PROTOCOLS.values())
-
-
 def _noise_to_sigma(args: argparse.Namespace) -> tuple[float | None, float | None]:
     """Return ``(sigma, sensitivity)`` from ``--noise-multiplier``/``--sensitivity`` or ``--sigma``.
 
@@ -298,10 +290,10 @@ def _noise_to_sigma(args: argparse.Namespace) -> tuple[float | None, float | Non
         raise CliError(
             "give --noise-multiplier (with --sensitivity) or --sigma (the analysis sigma), not both"
         )
-    if args.mechanism not in _NOISE_MULTIPLIER_MECHANISMS:
+    if not MECHANISM_TABLE[args.mechanism].noise_multiplier:
         raise CliError(
             f"--noise-multiplier is not an option of the {args.mechanism} mechanism (one of "
-            f"{', '.join(_NOISE_MULTIPLIER_MECHANISMS)}); use --sigma"
+            f"{', '.join(_noise_multiplier_mechanisms())}); use --sigma"
         )
     sens = SENSITIVITIES["replace-one"] if args.sensitivity is None else args.sensitivity
     sigma = args.noise_multiplier / sens
@@ -336,25 +328,26 @@ PROVEN_FOOTER = (
 """The footer line under an ``account`` table that shows both guarantees."""
 
 
-def _with_proven(mechanism: str, args: argparse.Namespace) -> bool:
-    """Whether ``account`` adds the proven row: the default method of a shuffle mechanism."""
+def _beside(mechanism: str, args: argparse.Namespace) -> str | None:
+    """Return the method whose row ``account`` adds beside the default's, or ``None``.
+
+    Only for the default method of a mechanism whose record names one
+    (:attr:`~shuffle_opacus.analysis.mechanisms.Mechanism.beside_default`).
+    """
     entry = MECHANISM_TABLE[mechanism]
-    return (
-        args.method is None
-        and args.max_order is None
-        and "proven" in entry.method_names
-        and not getattr(args, "tight_only", False)
-    )
+    if args.method is None and args.max_order is None and not getattr(args, "tight_only", False):
+        return entry.beside_default
+    return None
 
 
 def _account(args: argparse.Namespace) -> int:
     entry = MECHANISM_TABLE[args.mechanism]
     sigma, sensitivity = _noise_to_sigma(args)
-    given = {name: getattr(args, name) for name in PARAMETERS}
+    given = {name: getattr(args, name) for name in parameter_specs()}
     given["sigma"] = sigma
     for name in entry.parameters:
         if given[name] is None:
-            if name == "sigma" and args.mechanism in _NOISE_MULTIPLIER_MECHANISMS:
+            if name == "sigma" and entry.noise_multiplier:
                 raise CliError(
                     f"--noise-multiplier or --sigma is required for the {entry.name} mechanism"
                 )
@@ -373,8 +366,9 @@ def _account(args: argparse.Namespace) -> int:
         # An optimum at the order cap is reported below, from the records themselves.
         warnings.simplefilter("ignore", OrderCapWarning)
         runs = [(args.method, args.max_order, "")]
-        if _with_proven(entry.name, args):
-            runs.append(("proven", None, " (proven)"))
+        beside = _beside(entry.name, args)
+        if beside is not None:
+            runs.append((beside, None, f" ({beside})"))
         found = []
         for method, max_order, label in runs:
             try:

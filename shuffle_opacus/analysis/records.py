@@ -130,7 +130,7 @@ class Parameter:
             ``choice`` (one of :attr:`choices`).
         minimum: Smallest value of an ``int``.
         check: ``check(label, value) -> value`` of a ``float``: a one-line ``ValueError``
-            naming ``label`` for a value out of range.
+            naming ``label`` for a value out of range (``None``: any value > 0).
         choices: The values of a ``choice``.
     """
 
