@@ -21,7 +21,8 @@ from .._validation import (
 )
 from .epsilon import compute_epsilon
 from .limits import API_MAX_SECONDS, MAX_ORDER, check_budget, work_budget
-from .mechanisms import PARAMETERS, get_mechanism
+from .mechanisms import get_mechanism
+from .registry import parameter_specs
 from .results import AccountingResult
 
 __all__ = ["account"]
@@ -107,7 +108,7 @@ def account(
 
     Args:
         mechanism: A key of :data:`~.mechanisms.MECHANISM_TABLE`.
-        parameters: The mechanism's parameters by name (see :data:`~.mechanisms.PARAMETERS`),
+        parameters: The mechanism's parameters by name (see :func:`~.registry.parameter_specs`),
             as a mapping; ``None`` values count as absent. They may also be given as keywords
             (``named``), but a name only once.
         steps: A round count (integer >= 1), or a sequence of them.
@@ -160,8 +161,9 @@ def _account(
     """:func:`account` with the parameters gathered and ``steps`` a list."""
     entry = get_mechanism(mechanism)
     given = {k: v for k, v in parameters.items() if v is not None}
+    known = parameter_specs()
     for name in given:
-        if name not in PARAMETERS:
+        if name not in known:
             raise ValueError(f"{name} is not a mechanism parameter. Found {given[name]!r}.")
     for name in entry.parameters:
         if name not in given:
