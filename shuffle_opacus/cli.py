@@ -66,7 +66,6 @@ __all__ = ["main", "build_parser"]
 PROG = "shuffle-opacus"
 
 #: The command-line flag of each protocol parameter.
-_PROTOCOL_FLAG = {"rate": "--rate", "sample_size": "--m"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,7 +178,7 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
             "norm) whose epsilon after --rounds rounds is at most --epsilon. Protocols: "
             + "; ".join(
                 f"{p}: {get_protocol(p).summary}"
-                + (f" ({_PROTOCOL_FLAG[q]})" if (q := get_protocol(p).parameter) else "")
+                + (f" ({q})" if (q := get_protocol(p).flag) else "")
                 for p in PROTOCOL_NAMES
             )
             + "."
@@ -405,7 +404,7 @@ def _account(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     protocol = get_protocol(args.protocol)
-    needs = _PROTOCOL_FLAG.get(protocol.parameter or "")
+    needs = protocol.flag
     for flag, value in (("--rate", args.rate), ("--m", args.m)):
         if flag == needs and value is None:
             raise CliError(f"{flag} is required for the {protocol.name} protocol")

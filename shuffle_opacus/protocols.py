@@ -16,6 +16,7 @@ here. No torch import.
 from __future__ import annotations
 
 import abc
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -104,6 +105,12 @@ class Protocol(abc.ABC):
         Use :attr:`option` for the keyword's name, :attr:`flag` for the command-line flag, and
         the record's methods instead of comparing this string.
         """
+        warnings.warn(
+            "Protocol.parameter is deprecated: use Protocol.option (the keyword), Protocol.flag "
+            "(the command-line flag) or the record's methods",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.option
 
     @property

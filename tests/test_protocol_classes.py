@@ -226,8 +226,10 @@ def test_each_built_in_protocol_is_an_instance_of_its_class():
         "subsampled": ("sample_size", "--m", True),
         "checkin": ("rate", "--rate", False),
     }
-    # The deprecated string still reads as before, for one release.
-    assert [PROTOCOLS[k].parameter for k in PROTOCOL_NAMES] == [None, "sample_size", "rate"]
+    # The deprecated string still reads as before, for one release, with a warning naming option.
+    with pytest.warns(DeprecationWarning, match="Protocol.option"):
+        old = [PROTOCOLS[k].parameter for k in PROTOCOL_NAMES]
+    assert old == [None, "sample_size", "rate"]
     with pytest.raises(TypeError, match="abstract"):
         Protocol(name="p", accountant="a", mechanism="checkin", summary="", sampler="")  # type: ignore[abstract]
 
@@ -306,8 +308,8 @@ def test_expanded_weights_runs_a_check_in_with_rate_one():
 
 # --- no branching on the protocol outside its own modules --------------------------------------
 
-# cli.py still reads Protocol.parameter until it switches to Protocol.option / Protocol.flag.
-_PARAMETER_PENDING = {"protocols.py", "cli.py"}
+# Only the deprecated property itself names Protocol.parameter.
+_PARAMETER_PENDING = {"protocols.py"}
 
 
 def _sources():
