@@ -32,6 +32,7 @@ from shuffle_opacus.analysis.approximate.baselines import (
     round_profile,
 )
 from shuffle_opacus.analysis.rdp.conversion import EpsilonResult
+from shuffle_opacus.analysis.registry import curve_labels
 from shuffle_opacus.protocols import SENSITIVITIES
 
 from .config import BASELINES, ExperimentConfig, curve_names
@@ -47,17 +48,12 @@ __all__ = [
     "curve_label",
 ]
 
-#: Legend labels of the curves (a method without a label is shown by its name).
+#: Legend labels of the curves (a method without a label is shown by its name): each method's
+#: and reference's own, from the mechanism records, and the experiment's two curves that are not
+#: methods of the table.
 CURVE_LABELS: dict[str, str] = {
-    "exact": "shuffle, Rényi bound (this package)",
-    "sum": "shuffle, binomial sum (Eq. 17)",
-    "theorem3": "shuffle, Theorem 3 (paper)",
-    "corollary1": "shuffle, Corollary 1",
-    "no-shuffle": "no shuffling (Corollary 1)",
-    "central": "central DP reference",
+    **curve_labels(),
     "clones": "clones + check-in + optimal composition (approx. DP)",
-    "pld": "shuffle, privacy loss distribution (this package)",
-    "proven": "shuffle, proven bound (this package)",
     "replace-one": "replace-one: the guarantee (this package, pld)",
 }
 
