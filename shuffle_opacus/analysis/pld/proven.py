@@ -23,7 +23,7 @@ import numpy as np
 from ..._validation import check_delta
 from ..approximate.analytic_gaussian import gaussian_dp_delta, gaussian_dp_epsilon
 from . import disk_cache
-from .common import default_tail
+from .common import default_tail, exact_sum
 from .powers import DEFAULT_TRUNCATION, ComposedPmf, PmfPowers, cached_powers, compose_arrays
 from .proven_pairs import (
     PairTooLargeError,
@@ -193,7 +193,7 @@ def _settled(
     """
     from dp_accounting.pld import pld_pmf
 
-    excess = math.fsum(probs) + infinity - 1.0
+    excess = exact_sum(probs) + infinity - 1.0
     if excess > 0.0:
         probs = probs - np.minimum(probs, np.maximum(excess - (np.cumsum(probs) - probs), 0.0))
     grid = np.arange(low, low + probs.size) * discretization

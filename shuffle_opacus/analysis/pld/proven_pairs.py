@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gammaln
 
-from .common import binom_logpmf
+from .common import binom_logpmf, exact_sum
 from .rounds import ShuffleRound
 
 __all__ = [
@@ -203,7 +203,7 @@ def _enumerate(
             log_q = np.logaddexp(log_q, q_term)
     keep = np.isfinite(log_p) | np.isfinite(log_q)
     a, b, log_p, log_q = a[keep], b[keep], log_p[keep], log_q[keep]
-    left = max(0.0, 1.0 - math.fsum(np.exp(log_p))) + _SUM_SLACK
+    left = max(0.0, 1.0 - exact_sum(np.exp(log_p))) + _SUM_SLACK
     return a, b, log_p, log_q, left
 
 
@@ -360,7 +360,7 @@ def blanket_pair(setting: ShuffleRound, p: float, tail: float) -> ProvenPair:
     b = np.concatenate(parts_b)
     c = np.concatenate(parts_c)
     mass = np.exp(np.concatenate(parts_m))
-    left = max(0.0, 1.0 - math.fsum(mass)) + _SUM_SLACK + extra
+    left = max(0.0, 1.0 - exact_sum(mass)) + _SUM_SLACK + extra
     k = np.where(a >= b, base_lo, base_hi) + (1.0 - q) * c
     with np.errstate(divide="ignore", invalid="ignore"):
         loss = np.log(k + q * a) - np.log(k + q * b)
