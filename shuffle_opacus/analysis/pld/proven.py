@@ -156,8 +156,9 @@ def _pair_pmf(pair: ProvenPair, discretization: float, budget: float) -> pld_pmf
     loss, mass = loss[finite], mass[finite]
     if loss.size == 0:
         return pld_pmf.DensePLDPmf(discretization, 0, np.zeros(1), min(infinity, 1.0), True)
-    order = np.argsort(loss, kind="stable")
-    loss, mass = loss[order], mass[order]
+    if not np.all(loss[1:] >= loss[:-1]):  # the route's pairs come sorted (:func:`_route_pair`)
+        order = np.argsort(loss, kind="stable")
+        loss, mass = loss[order], mass[order]
     lo = math.floor(float(loss[0]) / discretization)
     hi = math.ceil(float(loss[-1]) / discretization)
     index = np.arange(lo, hi + 1)
