@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from copy import deepcopy
 from typing import TYPE_CHECKING, Any
 
-from ._validation import MAX_INT, check_int, check_positive, check_probability
+from ._validation import check_int
+from .ledger import RoundLedger, read_history
 from .releases import MAX_ROUND, ReleaseRecord
 
 if TYPE_CHECKING:
@@ -28,56 +29,6 @@ def _method_text(method: str | None) -> str:
 
 class HistoryRollbackWarning(UserWarning):
     """A loaded state holds fewer rounds than the accountant had: epsilon goes back with it."""
-
-
-def read_history(
-    raw: object, name: str = "state_dict['history']"
-) -> list[tuple[float, float, int]]:
-    """Validate a saved history: a sequence of ``(noise_multiplier, sample_rate, steps)``.
-
-    ``steps`` of an entry, and the rounds of all entries together, are at most
-    :data:`~shuffle_opacus._validation.MAX_INT` (``2**62``, the largest count the
-    analyses take), so ``len(accountant)`` and epsilon can be computed for what is loaded.
-
-    Args:
-        raw: The ``history`` of a saved state (or of an accountant).
-        name: How messages name it.
-
-    Returns:
-        The entries as ``(float, float, int)`` triples.
-
-    Raises:
-        ValueError: one line naming the first malformed entry, or the total when the entries
-            hold more than ``2**62`` rounds together.
-    """
-    if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
-        raise ValueError(
-            f"{name} must be a list of (noise_multiplier, sample_rate, steps) "
-            f"entries. Found {type(raw).__name__}."
-        )
-    history = []
-    rounds = 0
-    for i, entry in enumerate(raw):
-        where = f"{name}[{i}]"
-        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 3:
-            raise ValueError(
-                f"{where} must be a (noise_multiplier, sample_rate, steps) triple. Found {entry!r}."
-            )
-        nm, rate, steps = entry
-        history.append(
-            (
-                check_positive(f"{where} noise_multiplier", nm),
-                check_probability(f"{where} sample_rate", rate),
-                check_int(f"{where} steps", steps, minimum=0, maximum=MAX_INT),
-            )
-        )
-        rounds += history[-1][2]
-        if rounds > MAX_INT:
-            raise ValueError(
-                f"{name} must hold at most {MAX_INT} rounds in all (steps summed "
-                f"over the entries). Found {rounds} by entry {i}."
-            )
-    return history
 
 
 def state_of(
@@ -172,7 +123,7 @@ def load_state(accountant: ReleasingAccountant, state_dict: Mapping[str, Any]) -
             f"state_dict of mechanism {state_dict['mechanism']!r} cannot be loaded into the "
             f"{accountant.name} accountant."
         )
-    history = read_history(state_dict["history"])
+    history = RoundLedger.from_state(state_dict["history"]).entries
     released = read_released(state_dict, sum(steps for _, _, steps in history))
     fresh = type(accountant)()
     if state_dict["population"] is not None:

@@ -24,7 +24,6 @@ import functools
 import math
 import warnings
 
-from shuffle_opacus import history_epsilon
 from shuffle_opacus.analysis import OrderCapWarning
 from shuffle_opacus.analysis.approximate.baselines import (
     RoundProfile,
@@ -33,6 +32,7 @@ from shuffle_opacus.analysis.approximate.baselines import (
 )
 from shuffle_opacus.analysis.rdp.conversion import EpsilonResult
 from shuffle_opacus.analysis.registry import curve_labels
+from shuffle_opacus.ledger import RoundLedger
 from shuffle_opacus.protocols import SENSITIVITIES
 
 from .config import BASELINES, ExperimentConfig, curve_names
@@ -136,7 +136,9 @@ class EpsilonCurves:
         self.sensitivity = plan.sensitivity_setting
         self.sample_rate = plan.sample_rate
         self._profiles: dict[str, RoundProfile] = {}
-        self._last: tuple[tuple[object, ...], EpsilonResult] | None = None
+        # No round is recorded: each curve's history is the empty one extended to t rounds,
+        # and the ledger keeps the last result (a row asks for each curve once).
+        self._ledger = RoundLedger(cache_size=1)
         allowed = curve_names(self.protocol.name)
         for name in self.names:
             if name not in allowed and name != REPLACE_ONE:
@@ -217,16 +219,12 @@ class EpsilonCurves:
     ) -> EpsilonResult:
         # The plan's sensitivity as written, or replace-one (the guarantee and ``proven``).
         sens = "replace-one" if replace_one else self.sensitivity
-        resolved = SENSITIVITIES["replace-one"] if replace_one else self.plan.sensitivity
-        key = (rounds, method, reference, lower, resolved)
-        if self._last is not None and self._last[0] == key:
-            return self._last[1]
+        history = self._ledger.extended(max(rounds, 0), self.noise_multiplier, self.sample_rate)
         with warnings.catch_warnings():
             # At the order limit the value is still a valid (looser) upper bound.
             warnings.simplefilter("ignore", OrderCapWarning)
-            history = [(self.noise_multiplier, self.sample_rate, rounds)] if rounds > 0 else []
-            result = history_epsilon(
-                history,
+            return self._ledger.epsilon(
+                history=history,
                 protocol=self.protocol,
                 delta=self.delta,
                 population=self.population,
@@ -235,8 +233,6 @@ class EpsilonCurves:
                 reference=reference,
                 lower=lower,
             )
-        self._last = (key, result)
-        return result
 
     def row(self, rounds: int, *, sparse: bool = True) -> dict[str, float | None]:
         """Return ``{name: epsilon}`` after ``rounds`` rounds for every configured curve.

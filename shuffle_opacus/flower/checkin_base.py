@@ -36,7 +36,7 @@ from flwr.serverapp.strategy import Result
 from .._validation import check_int, check_positive
 from ..analysis.epsilon import proven_note
 from ..analysis.rdp.conversion import EpsilonResult
-from ..history import history_epsilon
+from ..ledger import RoundLedger
 from ..protocols import SENSITIVITIES, HistoryEntry, get_protocol, sensitivity_assumptions
 from .accounting import ShuffleAccountingConfig, ShuffleCheckInAccountant, ShuffleCheckInEvent
 from .config import ShufflePrivacyConfig
@@ -67,9 +67,6 @@ PROVEN_METHOD = "proven"
 #: Sensitivity of the proven ε, in units of C: replace-one, whatever the run's convention (a
 #: smaller one is itself an assumption on where the updates lie).
 PROVEN_SENSITIVITY = SENSITIVITIES["replace-one"]
-
-#: Accountant results a strategy keeps (those of the current and the next round count).
-_CACHE_SIZE = 8
 
 #: The start of the JSON line a strategy logs after every round (see :func:`round_line`).
 ROUND_LINE_PREFIX = "shuffle-dp.round "
@@ -159,7 +156,9 @@ class CheckInBase(abc.ABC):
         check_nodes_at_start: Whether :meth:`_run` starts with :meth:`verify_nodes`.
         report_proven: Whether :meth:`_run` records the proven ε (at evaluation rounds and the
             last round); :meth:`epsilon_proven` computes it on demand either way.
-        history: Accounted rounds in Opacus's format ``(noise_multiplier, rate, rounds)``.
+        history: Accounted rounds in Opacus's format ``(noise_multiplier, rate, rounds)``
+            (the entries of :attr:`ledger`, a :class:`~shuffle_opacus.ledger.RoundLedger`,
+            which also keeps the last few results).
         epsilons: ε after each round that ran, by round number.
         epsilons_proven: The proven ε after each round it was recorded at, by round number.
         round_metrics: The metrics of each round that ran, by round number.
@@ -177,13 +176,12 @@ class CheckInBase(abc.ABC):
     node_wait_timeout: float
     check_nodes_at_start: bool
     report_proven: bool
-    history: list[HistoryEntry]
+    ledger: RoundLedger
     epsilons: dict[int, float]
     epsilons_proven: dict[int, float]
     round_metrics: dict[int, dict[str, float | int]]
     stop_reason: str | None
     _unprotected_rounds: int
-    _results: dict[tuple[str | None, float, tuple[HistoryEntry, ...]], EpsilonResult]
     _accountant: ShuffleCheckInAccountant | None
 
     def _init_checkin(
@@ -214,13 +212,12 @@ class CheckInBase(abc.ABC):
         self.node_wait_timeout = node_wait_timeout
         self.check_nodes_at_start = verify_nodes
         self.report_proven = report_proven
-        self.history = []
+        self.ledger = RoundLedger()
         self.epsilons = {}
         self.epsilons_proven = {}
         self.round_metrics = {}
         self.stop_reason = None
         self._unprotected_rounds = 0
-        self._results = {}
         self._accountant = None
         if privacy.noise_multiplier == 0.0:
             log(WARNING, "noise_multiplier = 0: the reports carry no noise; epsilon is infinite")
@@ -253,18 +250,27 @@ class CheckInBase(abc.ABC):
         return self._accountant
 
     @property
+    def history(self) -> list[HistoryEntry]:
+        """The accounted rounds: the entries of :attr:`ledger` (the list itself)."""
+        return self.ledger.entries
+
+    @history.setter
+    def history(self, entries: list[HistoryEntry]) -> None:
+        self.ledger.entries = entries
+
+    @property
     def rounds_accounted(self) -> int:
         """Number of rounds accounted so far (every round whose instructions went out)."""
-        return int(sum(steps for _, _, steps in self.history)) + self._unprotected_rounds
+        return self.ledger.rounds + self._unprotected_rounds
 
     def _history_until(self, rounds: int | None) -> tuple[int, tuple[HistoryEntry, ...]]:
         """Return the rounds asked for and the history extended with identical rounds to them."""
         done = self.rounds_accounted
         rounds = done if rounds is None else check_int("rounds", rounds, minimum=done)
-        history = list(self.history)
-        if rounds > done:
-            history.append((self.privacy.noise_multiplier, self.privacy.rate, rounds - done))
-        return rounds, tuple(history)
+        privacy = self.privacy
+        return rounds, self.ledger.extended(
+            rounds, privacy.noise_multiplier, privacy.rate, done=done
+        )
 
     def _result(self, method: str | None, rounds: int | None) -> EpsilonResult | None:
         """Return the accountant's result after ``rounds`` rounds by ``method``.
@@ -278,19 +284,14 @@ class CheckInBase(abc.ABC):
         if rounds == 0 or self._unprotected_rounds or self.privacy.noise_multiplier == 0.0:
             return None
         sensitivity = PROVEN_SENSITIVITY if method == PROVEN_METHOD else self.privacy.sensitivity
-        key = (method, sensitivity, history)
-        if key not in self._results:
-            if len(self._results) >= _CACHE_SIZE:
-                del self._results[next(iter(self._results))]
-            self._results[key] = history_epsilon(
-                history,
-                protocol=_CHECKIN,
-                delta=self.privacy.delta,
-                population=self.accounting_population,
-                sensitivity=sensitivity,
-                method=method,
-            )
-        return self._results[key]
+        return self.ledger.epsilon(
+            history=history,
+            protocol=_CHECKIN,
+            delta=self.privacy.delta,
+            population=self.accounting_population,
+            sensitivity=sensitivity,
+            method=method,
+        )
 
     def _value(self, method: str | None, rounds: int | None) -> float:
         result = self._result(method, rounds)
@@ -387,10 +388,8 @@ class CheckInBase(abc.ABC):
         self.accountant.compose(ShuffleCheckInEvent(sigma, rate, self.accounting_population))
         if sigma == 0.0:
             self._unprotected_rounds += 1
-        elif self.history and self.history[-1][:2] == (sigma, rate):
-            self.history[-1] = (sigma, rate, self.history[-1][2] + 1)
         else:
-            self.history.append((sigma, rate, 1))
+            self.ledger.record(sigma, rate)
 
     def _budget_message(self, server_round: int) -> str:
         after = self.epsilon(self.rounds_accounted + 1)
