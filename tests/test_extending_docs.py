@@ -47,7 +47,7 @@ SECTIONS = (
     "Add a model",
     "Add a Flower strategy",
 )
-RUNNABLE = ("Add a mechanism", "Add a sampler", "Add a dataset", "Add a model", "Add a Flower strategy")
+RUNNABLE = SECTIONS  # every section holds an example that runs
 
 
 @dataclass
