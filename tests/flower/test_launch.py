@@ -3,7 +3,7 @@
 The ``flwr run``s use ``tests/flower/tiny_app`` (a numpy model, the mods and the strategies of
 this package): Flower's runtime, Ray and the app bundle are all real, but no torch or data
 is loaded in the Ray workers, which keeps the run near 20 s on one core. One run covers both
-trust modes on 8 nodes: 3 rounds of the trusted-server mode, then 3 rounds of the
+trust modes on 4 nodes: 2 rounds of the trusted-server mode, then 2 rounds of the
 secure-aggregation mode (Flower's SecAgg+), so that the suite starts Flower's runtime and Ray
 once. It is bounded in time (60 s for the SuperLink to come up, 120 s for the run, 30 s for the
 processes to exit) and every process started for it (SuperLink, SuperExec, the simulation,
@@ -72,14 +72,14 @@ def test_bad_arguments(tmp_path, kwargs, text):
 
 
 def test_flwr_run_simulation_both_modes(tmp_path):
-    """8 nodes: 2 trusted-server rounds, then 2 secure-aggregation rounds, one ``flwr run``.
+    """4 nodes: 2 trusted-server rounds, then 2 secure-aggregation rounds, one ``flwr run``.
 
     In the second part every round is one SecAgg+ run (set-up, key sharing, masked vectors,
-    unmasking) over all 8 nodes; each node draws its own coin, so the secure count is any
+    unmasking) over all 4 nodes; each node draws its own coin, so the secure count is any
     whole number of nodes and the model moved exactly when some node checked in. ε of every
-    round is the check-in accountant's with population 8.
+    round is the check-in accountant's with population 4.
     """
-    nodes, rate, sigma = 8, 0.5, 1.0
+    nodes, rate, sigma = 4, 0.5, 1.0
     out = tmp_path / "out"
     out.mkdir()
     config = {
