@@ -50,7 +50,7 @@ def contenders(shape: tuple[int, ...], keep_bytes: int) -> tuple[dict[str, Any],
     import torch
     from torch import nn
 
-    from shuffle_opacus.clipping import FastGradientClipper
+    from shuffle_opacus.engine.clipping import FastGradientClipper
 
     cin, cout, k, stride, pad, dil, groups, size, n = shape
     torch.manual_seed(0)

@@ -176,8 +176,8 @@ def quantisation(nodes: int, rounds: int) -> list[dict]:
     from flwr.app import ArrayRecord
     from flwr.clientapp import ClientApp
 
-    import shuffle_opacus.flower.secagg_mod as secagg_mod
-    import shuffle_opacus.flower.secagg_strategy as secagg_strategy
+    import shuffle_opacus.flower.secagg.mod as secagg_mod
+    import shuffle_opacus.flower.secagg.strategy as secagg_strategy
     from shuffle_opacus.flower import (
         InProcessGrid,
         SecAggCheckInFedAvg,

@@ -249,11 +249,11 @@ def finding_3_dropout_rule():
     )
 
     try:
-        import shuffle_opacus.flower.secagg_workflow as wf
+        import shuffle_opacus.flower.secagg.workflow as wf
 
         cls = wf.SecAggWorkflow
     except ImportError:
-        import shuffle_opacus.flower.secagg_strategy as wf
+        import shuffle_opacus.flower.secagg.strategy as wf
 
         cls = wf._Workflow
     real = cls.collect_masked_vectors_stage

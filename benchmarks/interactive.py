@@ -36,7 +36,7 @@ from pathlib import Path
 
 from timing import compare_commands, per_core, thread_env, write_json
 
-LAUNCH = "import sys; from shuffle_opacus.cli import main; sys.exit(main(sys.argv[1:]))"
+LAUNCH = "import sys; from shuffle_opacus.cli.command import main; sys.exit(main(sys.argv[1:]))"
 QUERIES = {
     "shuffle n=1000": ["account", "shuffle", "--n", "1000", "--sigma", "1", "--steps", "10"],
     "checkin sigma 5": ["account", "checkin", "--n", "60000", "--rate", "0.1", "--sigma", "5",
@@ -119,7 +119,7 @@ _IMPORT = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \| ( *)(\S+)")
 BREAKDOWN = """
 import sys, time
 start = time.perf_counter()
-from shuffle_opacus.cli import main
+from shuffle_opacus.cli.command import main
 import contextlib, io
 ready = time.perf_counter()
 print("#startup-done", file=sys.stderr, flush=True)

@@ -24,9 +24,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import shuffle_opacus
-from shuffle_opacus.accountants import ShuffledCheckInAccountant
 from shuffle_opacus.analysis.mechanisms import _step_table as _cached_step_rdp
-from shuffle_opacus.sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler
+from shuffle_opacus.engine.accountants import ShuffledCheckInAccountant
+from shuffle_opacus.engine.sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler
 
 # Time the computation, not the on-disk PMF cache (docs/accounting.md), unless asked to.
 os.environ.setdefault("SHUFFLE_OPACUS_CACHE_DIR", "off")

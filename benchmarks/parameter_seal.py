@@ -37,7 +37,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import shuffle_opacus  # noqa: E402
-from shuffle_opacus.parameter_seal import ParameterSeal  # noqa: E402
+from shuffle_opacus.engine.parameter_seal import ParameterSeal  # noqa: E402
 
 
 def models() -> dict[str, tuple[nn.Module, tuple[int, ...], int]]:

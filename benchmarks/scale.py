@@ -141,7 +141,7 @@ def table(repeats: int) -> None:
 
 _ACCOUNTANT = """
 import time
-from shuffle_opacus.accountants import ShuffledCheckInAccountant
+from shuffle_opacus.engine.accountants import ShuffledCheckInAccountant
 acc = ShuffledCheckInAccountant()
 acc.configure(population={n})
 start = time.perf_counter()

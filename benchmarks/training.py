@@ -12,9 +12,9 @@ reduction, plain SGD:
   n = 60,000 clients, rate = ``B / 60000``, ``noise_multiplier=5.0``, ``max_grad_norm=0.01``,
   ``sensitivity="paper"`` and the given ``grad_sample_mode``: clipping, local noise, accounting
   hook and the SGD step. ``hooks``/``functorch``/``ew`` are Opacus's per-sample gradients;
-  ``fast`` is ``shuffle_opacus.clipping.ClippedSumModule``, the exact clipped sum in one forward
-  and one backward pass without per-sample gradients (its numerics against the per-sample path
-  are in ``tests/test_clipping.py``). The round's client indices come from
+  ``fast`` is ``shuffle_opacus.engine.clipping.ClippedSumModule``, the exact clipped sum in one
+  forward and one backward pass without per-sample gradients (its numerics against the per-sample
+  path are in ``tests/test_clipping.py``). The round's client indices come from
   ``loader.batch_sampler`` and the tensors are indexed directly, so data collation is not
   timed; samples/s counts the round's actual participants.
 

@@ -15,11 +15,11 @@ weights, as in the Flower app); C = 1, noise multiplier 1; the server takes an S
 learning rate 1 on the average. In a round every path below except pfl and Flower trains the
 same clients on the same mini-batches (the round index seeds both). Paths:
 
-* ``ours, private round``: :func:`shuffle_opacus.clients.make_private_clients`: vectorised
+* ``ours, private round``: :func:`shuffle_opacus.federated.make_private_clients`: vectorised
   local training, whole-update clipping, local noise (``noise_mode="sum"``), average, the
   accountant's step and the server's step;
 * ``ours, local training only``: the same vectorised local training
-  (:meth:`~shuffle_opacus.clients.FederatedTrainer.local_updates`), the plain mean and the
+  (:meth:`~shuffle_opacus.federated.FederatedTrainer.local_updates`), the plain mean and the
   server step: no clipping, no noise, no shuffle, no accounting;
 * ``torch.func vmap floor``: the same local steps written bare, ``vmap(grad(loss))`` over the
   cohort with per-client weights, the batches' indices computed before timing: the compute
@@ -111,7 +111,7 @@ def make_trainer(args: argparse.Namespace, clients: int, examples: int, rounds: 
     from opacus import PrivacyEngine
     from shuffle_experiments.models import build_model
 
-    from shuffle_opacus.clients import iid_partition, make_private_clients
+    from shuffle_opacus.federated import iid_partition, make_private_clients
 
     x, y = mnist(clients * examples)
     torch.manual_seed(0)
@@ -145,7 +145,7 @@ def make_trainer(args: argparse.Namespace, clients: int, examples: int, rounds: 
 
 
 def training(args: argparse.Namespace):
-    from shuffle_opacus.clients import LocalTraining
+    from shuffle_opacus.federated import LocalTraining
 
     return LocalTraining(client_lr=CLIENT_LR, local_steps=args.steps, local_batch_size=args.batch)
 
@@ -184,7 +184,7 @@ def vmap_floor(args: argparse.Namespace, rounds: int) -> Callable[[int], dict]:
     """The round's local steps as bare ``torch.func`` code; the schedule is built beforehand."""
     from torch.func import functional_call, grad, vmap
 
-    from shuffle_opacus.clients import local_batches
+    from shuffle_opacus.federated import local_batches
 
     trainer, optimizer = make_trainer(args, args.clients, args.examples, rounds)
     model, x, y, part = trainer.module, trainer.inputs, trainer.targets, trainer.partition
@@ -222,7 +222,7 @@ def vmap_floor(args: argparse.Namespace, rounds: int) -> Callable[[int], dict]:
 
 def plain_loop(args: argparse.Namespace, rounds: int) -> Callable[[int], dict]:
     """Client after client on one local model, reset to the global weights, in-place SGD."""
-    from shuffle_opacus.clients import local_batches
+    from shuffle_opacus.federated import local_batches
 
     trainer, optimizer = make_trainer(args, args.clients, args.examples, rounds)
     model, x, y, part = trainer.module, trainer.inputs, trainer.targets, trainer.partition
@@ -259,7 +259,7 @@ def plain_loop(args: argparse.Namespace, rounds: int) -> Callable[[int], dict]:
 
 def deepcopy_loop(args: argparse.Namespace, rounds: int) -> Callable[[int], dict]:
     """The earlier benchmark's loop: a deepcopy of the model and an optimizer per client."""
-    from shuffle_opacus.clients import local_batches
+    from shuffle_opacus.federated import local_batches
 
     trainer, optimizer = make_trainer(args, args.clients, args.examples, rounds)
     model, x, y, part = trainer.module, trainer.inputs, trainer.targets, trainer.partition
@@ -314,7 +314,7 @@ def flower_inprocess(args: argparse.Namespace, rounds: int) -> ThreadedRounds:
     from flwr.clientapp import ClientApp
     from shuffle_experiments.models import build_model
 
-    from shuffle_opacus.clients import local_batches
+    from shuffle_opacus.federated import local_batches
     from shuffle_opacus.flower import (
         InProcessGrid,
         LocalShuffleDPMod,

@@ -42,7 +42,7 @@ def _private_pmf_cache(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _forget_other_tests_releases():
     """Each test starts with an empty process-wide release registry (tests share data sets)."""
-    from shuffle_opacus.release_registry import REGISTRY
+    from shuffle_opacus.engine.release_registry import REGISTRY
 
     REGISTRY.clear()
     yield

@@ -137,6 +137,29 @@ def read_imports(root: Path = ROOT) -> tuple[list[str], list[Import]]:
     return list(files), imports
 
 
+def private_crossings(root: Path = ROOT) -> list[str]:
+    """Each private name (``_x``, not ``__x__``) imported from a module of another part.
+
+    Returns ``"file:line: _name from module"`` lines, sorted; the names an import reads from a
+    module, resolved as :class:`_Reader` resolves the module.
+    """
+    files = module_files(root)
+    modules = set(files)
+    found = []
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        reader = _Reader(name, package, modules)
+        for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            for alias, target in zip(node.names, reader._targets(node), strict=True):
+                private = alias.name.startswith("_") and not alias.name.endswith("__")
+                if private and target is not None and part_of(target) != part_of(name):
+                    where = module_label(name, root)
+                    found.append(f"{where}:{node.lineno}: {alias.name} from {target}")
+    return sorted(found)
+
+
 def part_of(module: str) -> str:
     """The part of the doc's table a module belongs to: its top-level module or subpackage."""
     parts = module.split(".")
@@ -418,6 +441,8 @@ def main(argv: list[str]) -> None:
     print(f"circles among modules {len(found.module_circles)} {found.module_circles}")
     print(f"floors {max(found.floors.values()) + 1}: {' → '.join(longest_chain(found.parts))}")
     print(f"lazy imports between parts {len(found.lazy)}, pointing up {len(up)}")
+    crossings = private_crossings()
+    print(f"private names imported from another part {len(crossings)}")
     print(markdown_lazy(found))
 
 

@@ -10,8 +10,8 @@ from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 
 import shuffle_opacus
-from shuffle_opacus.accountants import ACCOUNTANTS, ShuffleAccountantBase
 from shuffle_opacus.analysis.epsilon import compute_epsilon
+from shuffle_opacus.engine.accountants import ACCOUNTANTS, ShuffleAccountantBase
 
 N = 1000
 CONFIG = {
@@ -265,7 +265,9 @@ def test_loading_an_older_state_warns_that_epsilon_goes_back():
     acc.history = [(2.0, 0.05, 3)]
     older = acc.state_dict()
     acc.step(noise_multiplier=2.0, sample_rate=0.05)
-    with pytest.warns(shuffle_opacus.accountants.HistoryRollbackWarning, match="held 4 rounds"):
+    with pytest.warns(
+        shuffle_opacus.engine.accountants.HistoryRollbackWarning, match="held 4 rounds"
+    ):
         acc.load_state_dict(older)
     assert len(acc) == 3
 

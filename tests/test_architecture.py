@@ -22,6 +22,7 @@ from .import_graph import (
     markdown_floors,
     markdown_lazy,
     markdown_table,
+    private_crossings,
 )
 
 DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
@@ -92,6 +93,23 @@ def test_no_import_circle_among_modules(found):
 def test_no_import_circle_among_parts(found):
     # The doc's floors need it: a part imports only parts on lower floors.
     assert circles(found.parts) == [], "parts in a circle:\n" + describe_circles(found.parts)
+
+
+def test_no_import_inside_a_function_points_up(found):
+    # A lazy import up a floor would be a circle waiting for someone to move it to the top.
+    up = [f"{i.source} -> {i.target} in {i.where}" for i in found.lazy if i.direction == "up"]
+    assert up == [], "imports inside functions that point up:\n" + "\n".join(up)
+
+
+def test_no_private_name_crosses_a_folder():
+    # A name that starts with an underscore is its folder's own business.
+    assert private_crossings() == []
+
+
+def test_the_house_stays_small(found):
+    # The layers as folders (docs/architecture.md): at most 15 parts on at most 8 floors.
+    assert len(found.parts) <= 15, sorted(found.parts)
+    assert max(found.floors.values()) + 1 <= 8, found.floors
 
 
 def test_doc_table_is_the_import_graph(found, doc):

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from shuffle_opacus.analysis.epsilon import compute_epsilon
-from shuffle_opacus.cli import build_parser, main
+from shuffle_opacus.cli.command import build_parser, main
 
 
 def run(capsys, *args):
@@ -199,7 +199,7 @@ def test_errors_are_one_line(capsys, args, fragment):
 
 def test_command_does_not_import_torch():
     code = (
-        "import sys; from shuffle_opacus.cli import main; "
+        "import sys; from shuffle_opacus.cli.command import main; "
         "rc = main(['account', 'shuffle', '--n', '100', '--sigma', '2', '--json']); "
         "assert 'torch' not in sys.modules and 'opacus' not in sys.modules, 'torch imported'; "
         "sys.exit(rc)"

@@ -9,9 +9,9 @@ import pytest
 
 import shuffle_opacus
 from shuffle_opacus import history_epsilon
-from shuffle_opacus._validation import MIN_DELTA
 from shuffle_opacus.analysis import account
-from shuffle_opacus.cli import main
+from shuffle_opacus.cli.command import main
+from shuffle_opacus.common.validation import MIN_DELTA
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -89,7 +89,7 @@ def test_an_unreachable_calibration_names_epsilon_not_an_api_argument(capsys):
 
 def test_the_api_names_the_smallest_reachable_target():
     with pytest.raises(
-        shuffle_opacus.calibration.UnreachableTargetError,
+        shuffle_opacus.accounting.calibration.UnreachableTargetError,
         match=r"not reached with noise_multiplier <= 64.0: target_epsilon must be >= \S+ \(the "
         r"epsilon at noise_multiplier 64.0\), or raise max_noise_multiplier\.$",
     ) as caught:

@@ -18,7 +18,7 @@ HEAVY = ("scipy", "scipy.special", "scipy.stats", "scipy.optimize", "scipy.signa
 
 SCRIPT = """
 import contextlib, io, json, sys
-from shuffle_opacus.cli import main
+from shuffle_opacus.cli.command import main
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
     status = main({argv!r})
 print(json.dumps([status, [m for m in {heavy!r} if m in sys.modules]]))

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from shuffle_opacus.analysis.epsilon import compute_epsilon
-from shuffle_opacus.cli import main
+from shuffle_opacus.cli.command import main
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:

@@ -1,8 +1,8 @@
-"""User-level training (shuffle_opacus.clients) against independent float64 oracles.
+"""User-level training (shuffle_opacus.federated) against independent float64 oracles.
 
 The oracle of a round is a plain Python loop over the round's clients: a deep copy of the model
 per client, ``torch.autograd.grad`` on each local batch (the batches of
-:func:`~shuffle_opacus.clients.local_batches`, tested on their own below), the update
+:func:`~shuffle_opacus.federated.local_batches`, tested on their own below), the update
 ``w - w_i``, its norm as one vector, Opacus's clip factor ``min(1, C / (norm + 1e-6))`` in
 Python floats, the sum, the noise drawn as the protocol states (one Gaussian of std
 ``sigma C sqrt(B)`` per parameter tensor, from the same seeded generator), the average and the
@@ -29,7 +29,8 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import shuffle_opacus
 from shuffle_opacus import history_epsilon
-from shuffle_opacus.clients import (
+from shuffle_opacus.engine.release_registry import REGISTRY
+from shuffle_opacus.federated import (
     ClientPartition,
     LocalTraining,
     dirichlet_partition,
@@ -38,7 +39,6 @@ from shuffle_opacus.clients import (
     make_private_clients,
     shard_partition,
 )
-from shuffle_opacus.release_registry import REGISTRY
 
 LOSS = functools.partial(F.cross_entropy, reduction="none")
 SIZES = [1, 3, 7, 4, 12, 2, 9, 5, 6, 8]  # unequal clients: 57 examples
@@ -644,12 +644,12 @@ def test_batchnorm_and_foreign_optimizers_are_refused():
 
 def test_the_noise_generator_must_be_of_the_data_device():
     """The check itself, without a GPU: a CPU generator for CUDA data is refused in one line."""
-    from shuffle_opacus.privacy import _check_noise_generator
+    from shuffle_opacus.engine.privacy import check_noise_generator
 
-    _check_noise_generator(None, torch.device("cuda", 0))
-    _check_noise_generator(torch.Generator(), torch.device("cpu"))
+    check_noise_generator(None, torch.device("cuda", 0))
+    check_noise_generator(torch.Generator(), torch.device("cpu"))
     with pytest.raises(ValueError) as info:
-        _check_noise_generator(torch.Generator(), torch.device("cuda", 0))
+        check_noise_generator(torch.Generator(), torch.device("cuda", 0))
     assert str(info.value) == (
         "noise_generator must be a generator of the device cuda:0 (the noise is drawn "
         "there). Found a generator of cpu; use torch.Generator(device='cuda:0')."

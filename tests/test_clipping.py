@@ -1,4 +1,4 @@
-"""The exact clipped sum (shuffle_opacus.clipping) against torch.func and Opacus.
+"""The exact clipped sum (shuffle_opacus.engine.clipping) against torch.func and Opacus.
 
 The oracle, ``reference_clipped_sum`` below, clips ``torch.func`` per-sample gradients (vmap of
 grad over single examples) and sums them: no code shared with the module.
@@ -14,7 +14,7 @@ import torch.nn.functional as F  # noqa: N812
 from shuffle_experiments.models import cnn  # the experiment's MNIST CNN, 26,010 parameters
 from torch import nn
 
-from shuffle_opacus.clipping import FastGradientClipper, UnsupportedModuleError, clip_factors
+from shuffle_opacus.engine.clipping import FastGradientClipper, UnsupportedModuleError, clip_factors
 
 SMALL_C, LARGE_C = 0.01, 1e6
 
@@ -506,7 +506,7 @@ def _round(mode: str, x, y, noise_seed: int, micro: int | None = None):
     from torch.utils.data import DataLoader, TensorDataset
 
     import shuffle_opacus
-    from shuffle_opacus.sampling import ShuffledCheckInSampler
+    from shuffle_opacus.engine.sampling import ShuffledCheckInSampler
 
     torch.manual_seed(0)
     model = cnn()

@@ -1,6 +1,6 @@
 """Fuzzing the ``shuffle-opacus`` command: every option of every subcommand with hostile values.
 
-Each call runs :func:`shuffle_opacus.cli.main` in-process and must either succeed (status 0,
+Each call runs :func:`shuffle_opacus.cli.command.main` in-process and must either succeed (status 0,
 output on stdout) or fail cleanly: status 2, exactly one line on stderr that starts with the
 program name, no traceback. Expensive requests must be refused by the work limits before any
 computation starts (their timings are measured in benchmarks/limits.py, not here). A few calls
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from shuffle_opacus.analysis import query
 from shuffle_opacus.analysis.mechanisms import MECHANISM_TABLE
-from shuffle_opacus.cli import PROG, main
+from shuffle_opacus.cli.command import PROG, main
 
 #: Hostile values for any numeric option.
 BAD_VALUES = ("-1", "0", "nan", "inf", "-inf", "1e400", "1e308", "abc", "", "0x10", "1e-320")

@@ -5,9 +5,9 @@ import warnings
 
 import pytest
 
-from shuffle_opacus.accountants import ShuffledCheckInAccountant
-from shuffle_opacus.history import history_epsilon
-from shuffle_opacus.ledger import RoundLedger, read_history
+from shuffle_opacus.accounting.history import history_epsilon
+from shuffle_opacus.accounting.ledger import RoundLedger, read_history
+from shuffle_opacus.engine.accountants import ShuffledCheckInAccountant
 
 N = 40
 DELTA = 1e-5
@@ -152,6 +152,6 @@ def test_a_history_of_lists_is_computed_without_keeping():
 
 
 def test_read_history_is_the_one_the_state_module_uses():
-    from shuffle_opacus import accountant_state
+    from shuffle_opacus.engine import accountant_state
 
     assert accountant_state.read_history is read_history

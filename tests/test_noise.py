@@ -16,7 +16,7 @@ import torch
 from opacus.grad_sample import GradSampleModule
 from torch import nn
 
-from shuffle_opacus.noise import LocalNoiseDPOptimizer
+from shuffle_opacus.engine.noise import LocalNoiseDPOptimizer
 
 SIGMA, CLIP, TRIALS = 0.7, 1.0, 3000
 X = torch.tensor(

@@ -12,8 +12,8 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 import shuffle_opacus
-from shuffle_opacus.clients import make_private_clients
-from shuffle_opacus.plan_checks import check_plan_values, optimizer_lr
+from shuffle_opacus.engine.plan_checks import check_plan_values, optimizer_lr
+from shuffle_opacus.federated import make_private_clients
 
 from .opacus_helpers import loader, model
 

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 import shuffle_opacus
 from shuffle_opacus import history_epsilon
 from shuffle_opacus.analysis.epsilon import compute_epsilon
-from shuffle_opacus.sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler
+from shuffle_opacus.engine.sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler
 from tests.opacus_helpers import (
     N_CLIENTS,
     SETTINGS,
@@ -555,7 +555,7 @@ def test_an_engine_with_rounds_for_another_population_is_refused():
 
 
 def test_guarantee_names_the_method():
-    from shuffle_opacus.privacy import method_for_guarantee
+    from shuffle_opacus.engine.privacy import method_for_guarantee
 
     assert method_for_guarantee(None, "exact") == "exact"
     assert method_for_guarantee("tight", None) == "pld"

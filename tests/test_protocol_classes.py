@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import ClassVar
 
@@ -19,10 +19,7 @@ import torch
 from opacus import PrivacyEngine
 
 import shuffle_opacus
-from shuffle_opacus import secure_random
-from shuffle_opacus.accountants import ShuffleAccountantBase
-from shuffle_opacus.analysis.epsilon import compute_epsilon
-from shuffle_opacus.protocols import (
+from shuffle_opacus.accounting.protocols import (
     PROTOCOL_NAMES,
     PROTOCOLS,
     CheckIn,
@@ -32,10 +29,14 @@ from shuffle_opacus.protocols import (
     get_protocol,
     protocol_for_accountant,
     register_protocol,
+    register_sampler,
     registered_protocol,
     unregister_protocol,
 )
-from shuffle_opacus.sampling import (
+from shuffle_opacus.analysis.epsilon import compute_epsilon
+from shuffle_opacus.common import secure_random
+from shuffle_opacus.engine.accountants import ShuffleAccountantBase
+from shuffle_opacus.engine.sampling import (
     FixedSizeShuffledSampler,
     ShuffledCheckInSampler,
     ShuffleRoundSampler,
@@ -309,7 +310,7 @@ def test_expanded_weights_runs_a_check_in_with_rate_one():
 # --- no branching on the protocol outside its own modules --------------------------------------
 
 # Only the deprecated property itself names Protocol.parameter.
-_PARAMETER_PENDING = {"protocols.py"}
+_PARAMETER_PENDING = {"accounting/protocols.py"}
 
 
 def _sources():
@@ -319,7 +320,9 @@ def _sources():
 
 def test_no_sampler_class_checks_outside_sampling():
     pattern = re.compile(r"isinstance\([^)]*(CheckIn|FixedSize)\w*Sampler")
-    found = [name for name, text in _sources() if name != "sampling.py" and pattern.search(text)]
+    found = [
+        name for name, text in _sources() if name != "engine/sampling.py" and pattern.search(text)
+    ]
     assert found == []
 
 
@@ -327,3 +330,48 @@ def test_no_protocol_parameter_reads_outside_protocols():
     pattern = re.compile(r"\.parameter\b")
     found = [name for name, text in _sources() if pattern.search(text)]
     assert sorted(set(found) - _PARAMETER_PENDING) == []
+
+
+# --- the samplers are the training layer's: registered, never imported from below --------------
+
+
+def test_the_accounting_layer_builds_no_sampler_before_the_engine_registers_one():
+    # In a fresh interpreter: the protocol table alone imports no torch, and asks for the engine.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from shuffle_opacus.accounting.protocols import get_protocol\n"
+        "spec = get_protocol('checkin')\n"
+        "kw = dict(rate=0.5, sample_size=None, rounds=2, seed=0, start_round=0)\n"
+        "try:\n"
+        "    spec.make_sampler(10, **kw)\n"
+        "except LookupError as error:\n"
+        "    print('refused:', error)\n"
+        "print('torch' in sys.modules)\n"
+        "import shuffle_opacus.engine.sampling\n"
+        "print(type(spec.make_sampler(10, **kw)).__name__)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    refused, torch_loaded, built = proc.stdout.splitlines()
+    assert "import shuffle_opacus.engine.sampling" in refused
+    assert torch_loaded == "False"
+    assert built == "ShuffledCheckInSampler"
+
+
+def test_a_subclass_uses_its_bases_sampler_and_register_sampler_checks_its_arguments():
+    @dataclass(frozen=True)
+    class Slower(CheckIn):
+        pass
+
+    spec = Slower(**{f.name: getattr(get_protocol("checkin"), f.name) for f in fields(CheckIn)})
+    sampler = spec.make_sampler(
+        10, rate=0.5, sample_size=None, rounds=2, seed=0, start_round=0
+    )  # fmt: skip
+    assert type(sampler).__name__ == "ShuffledCheckInSampler"
+    with pytest.raises(TypeError, match="protocol must be a Protocol subclass"):
+        register_sampler(object, lambda *a, **k: None)
+    with pytest.raises(TypeError, match="builder must be callable"):
+        register_sampler(Slower, "not callable")

@@ -10,10 +10,10 @@ import pytest
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
 from shuffle_opacus import PROTOCOLS, analysis_sigma, get_protocol, history_epsilon
-from shuffle_opacus.accountants import ACCOUNTANTS
+from shuffle_opacus.accounting.protocols import protocol_for_accountant
 from shuffle_opacus.analysis import MECHANISM_TABLE, get_mechanism
 from shuffle_opacus.analysis.epsilon import compute_epsilon
-from shuffle_opacus.protocols import protocol_for_accountant
+from shuffle_opacus.engine.accountants import ACCOUNTANTS
 
 
 def test_every_protocol_has_its_accountant_and_mechanism():

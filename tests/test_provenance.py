@@ -6,12 +6,13 @@ from __future__ import annotations
 import hashlib
 import subprocess
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
 import shuffle_opacus
-from shuffle_opacus.cli import main
-from shuffle_opacus.provenance import (
+from shuffle_opacus.cli.command import main
+from shuffle_opacus.common.provenance import (
     LIBRARIES,
     config_hash,
     git_state,
@@ -63,3 +64,15 @@ def test_version_flag_prints_the_record(capsys):
     assert stop.value.code == 0
     out = capsys.readouterr().out
     assert out.splitlines()[:2] == provenance_lines(provenance())
+
+
+def test_git_state_by_default_reads_the_checkout_the_package_runs_from():
+    # The default root is the repository that holds the package folder, wherever the module
+    # providing it sits inside the package.
+    root = Path(shuffle_opacus.__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        pytest.skip("the package does not run from a git checkout")
+    head = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert git_state()["commit"] == head

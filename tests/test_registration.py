@@ -26,7 +26,7 @@ CHECK = textwrap.dedent(
     for name in ("shuffle", "subsampled_shuffle", "shuffled_checkin"):
         acc = create_accountant(name)
         assert acc.mechanism() == name, name
-        assert type(acc).__module__ == "shuffle_opacus.accountants", type(acc)
+        assert type(acc).__module__ == "shuffle_opacus.engine.accountants", type(acc)
     assert type(PrivacyEngine(accountant="shuffled_checkin").accountant).__name__ == (
         "ShuffledCheckInAccountant"
     )
@@ -37,7 +37,7 @@ ORDERS = {
     "package first": "import shuffle_opacus\nimport opacus\n",
     "opacus first": "import opacus\nimport shuffle_opacus\n",
     "accountants submodule first": "import opacus.accountants\nimport shuffle_opacus\n",
-    # The lazy class imports shuffle_opacus.accountants, whose own import of Opacus reaches
+    # The lazy class imports shuffle_opacus.engine.accountants, whose own import of Opacus reaches
     # the registration hook while the module is half-initialised.
     "accountant class first": (
         "import shuffle_opacus\nshuffle_opacus.SubsampledShuffleAccountant()\nimport opacus\n"
@@ -45,7 +45,7 @@ ORDERS = {
     "twice and reloaded": (
         "import importlib\nimport shuffle_opacus\nimport shuffle_opacus\n"
         "importlib.reload(shuffle_opacus)\nimport opacus\n"
-        "import shuffle_opacus.accountants as a\nimportlib.reload(a)\n"
+        "import shuffle_opacus.engine.accountants as a\nimportlib.reload(a)\n"
     ),
 }
 
@@ -66,7 +66,7 @@ FOREIGN = textwrap.dedent(
         register_accountant("shuffle", RDPAccountant)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            import shuffle_opacus.accountants
+            import shuffle_opacus.engine.accountants
         assert type(create_accountant("shuffle")) is RDPAccountant
         assert any("did not replace" in str(w.message) for w in caught), caught
         assert create_accountant("shuffled_checkin").mechanism() == "shuffled_checkin"

@@ -11,14 +11,14 @@ from opacus import PrivacyEngine
 from torch.utils.data import DataLoader, TensorDataset
 
 import shuffle_opacus
-from shuffle_opacus.accountants import ShuffledCheckInAccountant
-from shuffle_opacus.clients import make_private_clients
-from shuffle_opacus.release_registry import (
+from shuffle_opacus.engine.accountants import ShuffledCheckInAccountant
+from shuffle_opacus.engine.release_registry import (
     REGISTRY,
     SharedCoinsError,
     SharedCoinsWarning,
     data_identity,
 )
+from shuffle_opacus.federated import make_private_clients
 
 from .opacus_helpers import dataset, model
 

@@ -22,8 +22,8 @@ from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import DataLoader
 
 import shuffle_opacus
-from shuffle_opacus.clients import make_private_clients
-from shuffle_opacus.releases import ReleaseRecord, ReplayError
+from shuffle_opacus.engine.releases import ReleaseRecord, ReplayError
+from shuffle_opacus.federated import make_private_clients
 
 from .opacus_helpers import SETTINGS, dataset, loader, model
 

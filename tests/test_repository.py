@@ -82,7 +82,7 @@ def test_readme_python_snippets_run(snippet_id, capsys):
 
 
 def test_readme_calibrate_example_is_true(capsys):
-    from shuffle_opacus.cli import main
+    from shuffle_opacus.cli.command import main
 
     match = re.search(r"`(shuffle-opacus calibrate [^`]+)`\s+gives (\S+) \(ε = ([0-9.]+)\)", README)
     assert match, "README must quote a calibrate example"
@@ -112,7 +112,7 @@ def _examples() -> list[tuple[str, list[str]]]:
 
 @pytest.mark.parametrize(("command", "expected"), _examples(), ids=lambda v: str(v)[:60])
 def test_readme_command_examples_are_true(command, expected, capsys):
-    from shuffle_opacus.cli import main
+    from shuffle_opacus.cli.command import main
 
     assert main(command.split()[1:]) == 0
     actual = [line.rstrip() for line in capsys.readouterr().out.splitlines()]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from scipy import stats
 from torch.utils.data import DataLoader, TensorDataset
 
-from shuffle_opacus.sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler
+from shuffle_opacus.engine.sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler
 
 
 def test_checkin_mean_batch_size_within_four_standard_errors():

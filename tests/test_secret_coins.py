@@ -22,8 +22,8 @@ from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import DataLoader
 
 import shuffle_opacus
-from shuffle_opacus.releases import ReplayError
-from shuffle_opacus.sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler
+from shuffle_opacus.engine.releases import ReplayError
+from shuffle_opacus.engine.sampling import FixedSizeShuffledSampler, ShuffledCheckInSampler
 from tests.opacus_helpers import dataset, loader, model, train
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()

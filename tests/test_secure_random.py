@@ -13,8 +13,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from shuffle_opacus import secure_random
-from shuffle_opacus.secure_random import SecureGenerator, below, bernoulli, normal, sample, uniforms
+from shuffle_opacus.common import secure_random
+from shuffle_opacus.common.secure_random import (
+    SecureGenerator,
+    below,
+    bernoulli,
+    normal,
+    sample,
+    uniforms,
+)
 
 ALPHA = 1e-6
 

@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 import shuffle_opacus
-from shuffle_opacus.parameter_seal import ParameterSeal, refuse_outside_steps
+from shuffle_opacus.engine.parameter_seal import ParameterSeal, refuse_outside_steps
 
 from .opacus_helpers import SETTINGS, loader, model
 

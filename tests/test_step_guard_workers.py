@@ -16,7 +16,7 @@ from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import DataLoader
 
 import shuffle_opacus
-from shuffle_opacus.step_guard import RoundQueue, StepGuard
+from shuffle_opacus.engine.step_guard import RoundQueue, StepGuard
 
 from .opacus_helpers import SETTINGS, dataset, model
 

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from shuffle_opacus.suggestions import argparse_suggestion
+from shuffle_opacus.common.suggestions import argparse_suggestion
 
 __all__ = ["main", "build_parser"]
 

@@ -23,9 +23,9 @@ from pydantic import (
 )
 
 from shuffle_opacus import PROTOCOLS, get_protocol
-from shuffle_opacus.history import MIN_DELTA
-from shuffle_opacus.protocols import resolve_sensitivity
-from shuffle_opacus.suggestions import did_you_mean
+from shuffle_opacus.accounting.history import MIN_DELTA
+from shuffle_opacus.accounting.protocols import resolve_sensitivity
+from shuffle_opacus.common.suggestions import did_you_mean
 
 from .datasets import DatasetError, check_data
 from .renamed_keys import ConfigDeprecationWarning, rename_old_keys, renamed_path
@@ -254,7 +254,7 @@ class ClientsConfig(_Section):
     Without this section one training example is one client (example level). With it, the
     ``data.train_subset`` examples (all by default) are split into ``count`` clients (seeded, or
     ``partition: dataset``: the dataset's own), each participant trains locally and reports
-    its clipped, noised update (:func:`shuffle_opacus.clients.make_private_clients`);
+    its clipped, noised update (:func:`shuffle_opacus.federated.make_private_clients`);
     ``privacy.clipping_norm`` bounds a client's whole update, every epsilon counts ``count``
     clients and the optimizer is the server's (SGD with ``lr: 1`` is FedAvg).
     """

@@ -24,6 +24,8 @@ import functools
 import math
 import warnings
 
+from shuffle_opacus.accounting.ledger import RoundLedger
+from shuffle_opacus.accounting.protocols import SENSITIVITIES
 from shuffle_opacus.analysis import OrderCapWarning
 from shuffle_opacus.analysis.approximate.baselines import (
     RoundProfile,
@@ -32,8 +34,6 @@ from shuffle_opacus.analysis.approximate.baselines import (
 )
 from shuffle_opacus.analysis.rdp.conversion import EpsilonResult
 from shuffle_opacus.analysis.registry import curve_labels
-from shuffle_opacus.ledger import RoundLedger
-from shuffle_opacus.protocols import SENSITIVITIES
 
 from .config import BASELINES, ExperimentConfig, curve_names
 from .plan import REPLACE_ONE, RunPlan, as_plan
@@ -201,7 +201,8 @@ class EpsilonCurves:
 
         Below replace-one (the paper's convention) this is the convention's number, which holds
         only if every clipped update lies that close to every other (see
-        :func:`shuffle_opacus.protocols.sensitivity_label`); :meth:`guarantee` is the guarantee.
+        :func:`shuffle_opacus.accounting.protocols.sensitivity_label`); :meth:`guarantee` is the
+        guarantee.
 
         Args:
             rounds: Rounds completed.

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from shuffle_opacus.suggestions import did_you_mean
+from shuffle_opacus.common.suggestions import did_you_mean
 
 from .data import load_mnist
 from .dataset_arrays import DatasetArrays, DatasetError, client_ids, is_int

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from shuffle_opacus.accounting.protocols import sensitivity_label
 from shuffle_opacus.analysis.limits import PldRangeError
-from shuffle_opacus.protocols import sensitivity_label
 
 from .config import ConfigError, ExperimentConfig
 from .curves import PROVEN, REPLACE_ONE, EpsilonCurves

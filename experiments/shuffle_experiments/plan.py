@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from shuffle_opacus import Protocol, analysis_sigma, get_protocol
-from shuffle_opacus.protocols import (
+from shuffle_opacus.accounting.protocols import (
     SENSITIVITIES,
     resolve_sensitivity,
     sensitivity_assumptions,

@@ -25,7 +25,7 @@ channels-last input already gets the fast kernel there). So is a small training 
 ``torch.func`` transforms (:attr:`FastMaxPool2d.min_elements`): the ``autograd.Function``'s
 Python overhead outweighs the kernel's gain on a batch of about 10 images. The fast path works
 under ``torch.func.grad`` and ``torch.func.vmap`` (the vmap rule is generated from the same
-operations) and with Opacus and :mod:`shuffle_opacus.clipping`, which never look inside a
+operations) and with Opacus and :mod:`shuffle_opacus.engine.clipping`, which never look inside a
 layer without parameters; forward-mode AD (``torch.func.jvp``) is not provided. When no
 gradient is recorded (evaluation) it runs the same forward pass without the
 ``autograd.Function``, faster than ``nn.MaxPool2d`` at every batch size.

@@ -1,8 +1,8 @@
 """Checks of a validated config's numbers before anything of a run is created.
 
 The schema (:mod:`.config`) checks each value on its own; the library checks the training plan
-again before round 0 (:func:`shuffle_opacus.plan_checks.check_release_plan`), but only once the
-data, the model and the engine exist, which is after the run directory. :func:`check_plan`
+again before round 0 (:func:`shuffle_opacus.engine.plan_checks.check_release_plan`), but only once
+the data, the model and the engine exist, which is after the run directory. :func:`check_plan`
 runs the library's checks of the plan's values first, from the config alone and with the
 config's own keys in the messages: a learning rate, clipping norm or local learning rate whose
 arithmetic overflows the parameters' dtype, a noise std ``noise_multiplier * clipping_norm *
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from shuffle_opacus.plan_checks import check_plan_values
+from shuffle_opacus.engine.plan_checks import check_plan_values
 
 from .config import ConfigError, ExperimentConfig
 from .datasets import MNIST_TRAIN_IMAGES

@@ -4,7 +4,7 @@ Without a ``clients:`` section one MNIST training image is one client and each r
 private step of :func:`shuffle_opacus.make_private`: the sampler picks the reporting clients,
 each clips the gradient of its image to ``privacy.clipping_norm`` and adds Gaussian noise, and
 the server averages the reports. With one, each client trains locally on its images and
-reports its clipped, noised update (:func:`shuffle_opacus.clients.make_private_clients`).
+reports its clipped, noised update (:func:`shuffle_opacus.federated.make_private_clients`).
 :func:`run` trains in a new run directory (``config.yaml``, ``metrics.csv``, ``checkpoint.pt``,
 ``summary.json``, plots); :func:`resume` continues one after a stop or a crash, bit for bit as
 an uninterrupted run with the same number of threads; :func:`redraw` writes a finished run's
@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shuffle_opacus.provenance import provenance, provenance_lines
+from shuffle_opacus.common.provenance import provenance, provenance_lines
 
 from .checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
 from .config import ConfigError, ExperimentConfig, load_config, validate
@@ -98,7 +98,7 @@ class RunResult:
             and method, its optimistic estimate, the neighbouring relation, the sensitivity
             convention, the assumptions and how the seed was chosen.
         labels: The label of each curve of ``epsilon`` (:func:`~.curves.curve_label`).
-        provenance: Where the run came from (:func:`shuffle_opacus.provenance.provenance`):
+        provenance: Where the run came from (:func:`shuffle_opacus.common.provenance.provenance`):
             the package's version, commit and dirtiness, the libraries' versions, the config's
             hash and the seed with whether it was given.
     """

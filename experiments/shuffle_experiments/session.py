@@ -1,7 +1,7 @@
 """One training session: the data, the model, the engine and the round, at either level.
 
 :class:`ExampleSession` trains with :func:`shuffle_opacus.make_private` (one example, one client),
-:class:`UserSession` with :func:`shuffle_opacus.clients.make_private_clients` (clients train
+:class:`UserSession` with :func:`shuffle_opacus.federated.make_private_clients` (clients train
 locally); :func:`open_session` builds the one the run plan (:mod:`.plan`) asks for.
 """
 
@@ -23,7 +23,9 @@ from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import DataLoader, TensorDataset
 
 import shuffle_opacus
-from shuffle_opacus.clients import (
+from shuffle_opacus.engine.noise import LocalNoiseDPOptimizer
+from shuffle_opacus.engine.sampling import ShuffleRoundSampler
+from shuffle_opacus.federated import (
     ClientPartition,
     FederatedTrainer,
     dirichlet_partition,
@@ -31,8 +33,6 @@ from shuffle_opacus.clients import (
     make_private_clients,
     shard_partition,
 )
-from shuffle_opacus.noise import LocalNoiseDPOptimizer
-from shuffle_opacus.sampling import ShuffleRoundSampler
 
 from .checkpoint import CHECKPOINT_FORMAT, comparable
 from .config import ConfigError, ExperimentConfig

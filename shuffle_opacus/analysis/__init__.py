@@ -16,7 +16,7 @@ inputs (docs/maths.md).
 
 from typing import TYPE_CHECKING
 
-from .._lazy import lazy_exports
+from ..common.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers; at run time they load on first use
     from .mechanisms import (

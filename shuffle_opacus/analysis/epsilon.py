@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._validation import check_delta, check_int
+from ..common.validation import check_delta, check_int
 from .limits import (
     API_MAX_SECONDS,
     MAX_ORDER,

@@ -9,7 +9,7 @@ naming the parameter and its largest acceptable value (:func:`largest_within`).
 :data:`CLI_MAX_SECONDS` or :data:`API_MAX_SECONDS`); :func:`work_budget` opens a budget that
 :func:`charge` draws on while the work runs, so that each stage of the automatic growth of the
 Rényi order range is charged before it is computed. Independently of any budget, Rényi orders
-are capped at :data:`MAX_ORDER` everywhere (:func:`~shuffle_opacus._validation.check_orders`).
+are capped at :data:`MAX_ORDER` everywhere (:func:`~shuffle_opacus.common.validation.check_orders`).
 Memory has its own limit (:data:`MAX_MEMORY_BYTES`, changed by :func:`memory_limit`): the large
 allocations of the privacy loss distributions (a lattice's convolution, a composition's FFT)
 estimate their bytes first and call :func:`check_memory`, which raises a
@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from .._validation import MAX_ORDER
+from ..common.validation import MAX_ORDER
 from .costs import (
     _AUTO_START,
     account_seconds,

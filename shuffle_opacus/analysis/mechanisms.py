@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._validation import check_positive, check_probability, check_sigma
+from ..common.validation import check_positive, check_probability, check_sigma
 from . import costs as _c
 from . import methods as _m
 from .limits import charge, largest_within, rdp_stage_seconds, report_progress

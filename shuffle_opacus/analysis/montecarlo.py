@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
-from .._validation import check_int, check_nonnegative, check_sigma
+from ..common.validation import check_int, check_nonnegative, check_sigma
 
 __all__ = ["MonteCarloEstimate", "shuffled_gaussian_delta_mc"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import overload
 
-from .._validation import (
+from ..common.validation import (
     check_int,
     check_positive,
     check_probability,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .._validation import check_int, check_probability, check_sigma
+from ..common.validation import check_int, check_probability, check_sigma
 from .setting import RoundSetting
 
 if TYPE_CHECKING:

@@ -129,8 +129,8 @@ def register_mechanism(record: Mechanism) -> Mechanism:
     otherwise), parameters the table or its own :attr:`Mechanism.cli` describes
     (those of a mechanism composed by rounds are the round's: ``n``, ``sigma``, ``m``,
     ``rate``), and a fallback, drivers and references that are its own. A command-line parser
-    built afterwards (:func:`shuffle_opacus.cli.build_parser`, which
-    :func:`~shuffle_opacus.cli.main` calls each time) offers it.
+    built afterwards (:func:`shuffle_opacus.cli.command.build_parser`, which
+    :func:`~shuffle_opacus.cli.command.main` calls each time) offers it.
 
     Args:
         record: The mechanism's record, under a name not in the table.

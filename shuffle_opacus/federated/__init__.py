@@ -2,8 +2,8 @@
 
 Here a client is a **user holding many examples** (one example in
 :func:`shuffle_opacus.make_private`). Each round the protocol's sampler picks clients of a
-:class:`~shuffle_opacus.partition.ClientPartition`; every participant trains locally from the
-global weights with plain SGD (:class:`LocalTraining`, :func:`local_batches`), clips its whole
+:class:`~shuffle_opacus.federated.partition.ClientPartition`; every participant trains locally from
+the global weights with plain SGD (:class:`LocalTraining`, :func:`local_batches`), clips its whole
 update as one vector to ``C = max_update_norm`` and adds its own ``N(0, sigma^2 C^2 I)``; the
 server writes the averaged sum into ``.grad`` and the user's optimizer steps (SGD at learning
 rate 1 is FedAvg, Adam is FedAdam). :func:`make_private_clients` builds the
@@ -20,15 +20,20 @@ clients with many examples".
 from __future__ import annotations
 
 from .local import LocalTraining, local_batches
+from .partition import ClientPartition, dirichlet_partition, iid_partition, shard_partition
 from .setup import make_private_clients
 from .trainer import AVERAGES, DEFAULT_CLIENT_CHUNK, FederatedTrainer, RoundResult
 
 __all__ = [
     "AVERAGES",
     "DEFAULT_CLIENT_CHUNK",
+    "ClientPartition",
     "FederatedTrainer",
     "LocalTraining",
     "RoundResult",
+    "dirichlet_partition",
+    "iid_partition",
     "local_batches",
     "make_private_clients",
+    "shard_partition",
 ]

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._validation import check_int, check_positive
-from ..partition import ClientPartition
+from ..common.validation import check_int, check_positive
+from .partition import ClientPartition
 
 __all__ = ["LocalTraining", "local_batches"]
 

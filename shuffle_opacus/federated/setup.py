@@ -17,21 +17,21 @@ from opacus.grad_sample import AbstractGradSampleModule
 from torch import Tensor, nn
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
-from .._validation import check_int, check_positive
-from ..noise import NOISE_MODES
-from ..partition import ClientPartition, as_partition
-from ..plan_checks import check_release_plan, optimizer_lr
-from ..privacy import (
+from ..accounting.protocols import resolve_sensitivity
+from ..common.validation import check_int, check_positive
+from ..engine.noise import NOISE_MODES
+from ..engine.plan_checks import check_release_plan, optimizer_lr
+from ..engine.privacy import (
     PrivacyOptions,
-    _check_noise_generator,
-    _shuffle_accountant,
     bind_get_epsilon,
+    check_noise_generator,
     check_secure_rng,
     new_sampler,
+    shuffle_accountant_of,
 )
-from ..protocols import resolve_sensitivity
-from ..release_registry import REGISTRY, caller, data_identity
+from ..engine.release_registry import REGISTRY, caller, data_identity
 from .local import LocalTraining
+from .partition import ClientPartition, as_partition
 from .trainer import AVERAGES, DEFAULT_CLIENT_CHUNK, FederatedTrainer, _optimizer_params
 
 __all__ = ["make_private_clients"]
@@ -280,12 +280,12 @@ def make_private_clients(
         seed: Seed of the client sampling and of the local mini-batch order (integer in
             ``[0, 2**128 - 1]``; ``None`` draws one, kept in ``trainer.sampler.seed``). Must be
             ``None`` with ``engine.secure_mode``: the check-ins and cohorts then come from the
-            operating system (:mod:`shuffle_opacus.secure_random`); the local mini-batch order
-            stays PCG64 from the sampler's random label (it is not part of the guarantee: the
+            operating system (:mod:`shuffle_opacus.common.secure_random`); the local mini-batch
+            order stays PCG64 from the sampler's random label (it is not part of the guarantee: the
             clipped update may be any function of the client's data).
         start_round: First round iteration releases, to resume a run (same seed).
         sensitivity: ``"replace-one"`` (2, default), ``"paper"`` (1) or a number, in units of
-            ``C``; see :mod:`shuffle_opacus.protocols`.
+            ``C``; see :mod:`shuffle_opacus.accounting.protocols`.
         method: Core analysis method of the accountant; ``None`` (default) is pld, the tightest
             sound one, or the Rényi bound where pld is beyond the work limits.
         noise_mode: ``"sum"`` (one draw of std ``sigma C sqrt(B_t)`` per parameter tensor) or
@@ -298,7 +298,7 @@ def make_private_clients(
             grows with it.
         strict: Refuse rather than warn about a round that another engine in this process
             released on the same data and partition with the same seed
-            (:mod:`shuffle_opacus.release_registry`).
+            (:mod:`shuffle_opacus.engine.release_registry`).
 
     Returns:
         A :class:`FederatedTrainer`; iterate over it and call ``optimizer.step()`` each round.
@@ -307,10 +307,10 @@ def make_private_clients(
         ValueError: on any invalid or inconsistent argument; nothing has been changed then.
     """
     _check_module(module, optimizer)
-    accountant = _shuffle_accountant(engine)
+    accountant = shuffle_accountant_of(engine)
     spec = accountant.spec()
     inputs, targets = _materialise(data)
-    _check_noise_generator(noise_generator, inputs.device)
+    check_noise_generator(noise_generator, inputs.device)
     clients = as_partition(partition, int(inputs.shape[0]))
     training = LocalTraining(
         client_lr=client_lr,

@@ -15,12 +15,12 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from ..accountants import ShuffleAccountantBase
-from ..clipping import clip_factors
-from ..noise import local_noise_sum
-from ..partition import ClientPartition
-from ..sampling import ShuffleRoundSampler
+from ..engine.accountants import ShuffleAccountantBase
+from ..engine.clipping import clip_factors
+from ..engine.noise import local_noise_sum
+from ..engine.sampling import ShuffleRoundSampler
 from .local import LocalTraining, _local_positions
+from .partition import ClientPartition
 
 __all__ = ["AVERAGES", "DEFAULT_CLIENT_CHUNK", "FederatedTrainer", "RoundResult"]
 
@@ -72,7 +72,8 @@ class FederatedTrainer:
         noise_multiplier: Each client's noise std divided by ``max_update_norm``.
         max_update_norm: The clipping norm ``C`` of a client's whole update.
         average: ``"expected"`` or ``"reports"`` (see :data:`AVERAGES`).
-        noise_mode: ``"sum"`` or ``"per_client"`` (:func:`~shuffle_opacus.noise.local_noise_sum`).
+        noise_mode: ``"sum"`` or ``"per_client"``
+            (:func:`~shuffle_opacus.engine.noise.local_noise_sum`).
         client_chunk: Clients trained together in one vectorised call.
         rounds_released: Rounds released (and accounted) so far by this trainer.
     """
@@ -311,7 +312,7 @@ class FederatedTrainer:
     def clip_sum(self, updates: Sequence[Tensor]) -> list[Tensor]:
         """Return the sum over clients of ``updates`` clipped as one vector per client.
 
-        Factor ``min(1, C / (||u_i|| + 1e-6))`` (Opacus's, :func:`shuffle_opacus.clipping.
+        Factor ``min(1, C / (||u_i|| + 1e-6))`` (Opacus's, :func:`shuffle_opacus.engine.clipping.
         clip_factors`), ``||u_i||`` over all parameters; a non-finite update counts as zero.
 
         Args:

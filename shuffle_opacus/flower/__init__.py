@@ -37,9 +37,9 @@ from .checkin_base import EPSILON_PROVEN_KEY  # noqa: E402
 from .config import METRIC_KEYS, MODES, SECAGG, TRUSTED_SERVER, ShufflePrivacyConfig  # noqa: E402
 from .mod import LocalShuffleDPMod  # noqa: E402
 from .modes import PrivacyModeMod  # noqa: E402
-from .secagg import SecAggParameters, secagg_parameters  # noqa: E402
-from .secagg_mod import SecAggCheckInMod  # noqa: E402
-from .secagg_strategy import SECAGG_ROUND_METRIC_KEYS, SecAggCheckInFedAvg  # noqa: E402
+from .secagg.mod import SecAggCheckInMod  # noqa: E402
+from .secagg.parameters import SecAggParameters, secagg_parameters  # noqa: E402
+from .secagg.strategy import SECAGG_ROUND_METRIC_KEYS, SecAggCheckInFedAvg  # noqa: E402
 from .shuffler import ShuffledReplies, check_in, make_rng, shuffle_replies  # noqa: E402
 from .strategy import ROUND_METRIC_KEYS, ProtocolViolationError, ShuffleCheckInFedAvg  # noqa: E402
 from .testing import InProcessGrid  # noqa: E402

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._validation import check_delta, check_int, check_positive, check_probability
+from ..accounting.history import HistoryEntry, history_epsilon
+from ..accounting.protocols import get_protocol, resolve_sensitivity, sensitivity_assumptions
 from ..analysis.epsilon import proven_note
-from ..history import HistoryEntry, history_epsilon
-from ..protocols import get_protocol, resolve_sensitivity, sensitivity_assumptions
+from ..common.validation import check_delta, check_int, check_positive, check_probability
 
 __all__ = [
     "NeighboringRelation",

@@ -33,11 +33,16 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from .._validation import check_int, check_positive
+from ..accounting.ledger import RoundLedger
+from ..accounting.protocols import (
+    SENSITIVITIES,
+    HistoryEntry,
+    get_protocol,
+    sensitivity_assumptions,
+)
 from ..analysis.epsilon import proven_note
 from ..analysis.rdp.conversion import EpsilonResult
-from ..ledger import RoundLedger
-from ..protocols import SENSITIVITIES, HistoryEntry, get_protocol, sensitivity_assumptions
+from ..common.validation import check_int, check_positive
 from .accounting import ShuffleAccountingConfig, ShuffleCheckInAccountant, ShuffleCheckInEvent
 from .config import ShufflePrivacyConfig
 from .nodes import ProtocolViolationError, check_nodes, wait_for_population
@@ -157,8 +162,9 @@ class CheckInBase(abc.ABC):
         report_proven: Whether :meth:`_run` records the proven ε (at evaluation rounds and the
             last round); :meth:`epsilon_proven` computes it on demand either way.
         history: Accounted rounds in Opacus's format ``(noise_multiplier, rate, rounds)``
-            (the entries of :attr:`ledger`, a :class:`~shuffle_opacus.ledger.RoundLedger`,
-            which also keeps the last few results).
+            (the entries of :attr:`ledger`, a
+            :class:`~shuffle_opacus.accounting.ledger.RoundLedger`, which also keeps the last few
+            results).
         epsilons: ε after each round that ran, by round number.
         epsilons_proven: The proven ε after each round it was recorded at, by round number.
         round_metrics: The metrics of each round that ran, by round number.

@@ -6,9 +6,9 @@ multiplier and clipping norm it finds there, after checking them against its own
 sensitivity convention, and echoes all five parameters (:meth:`ShufflePrivacyConfig.reply_metrics`);
 the strategy refuses a reply whose echo differs and accounts with exactly these values. So a
 round is accounted with what the nodes applied, or the run stops. Units (as in
-:mod:`shuffle_opacus.protocols`): ``clip_norm`` ``C`` bounds the L2 norm of a node's whole update
-in parameter units; ``noise_multiplier`` σ is the noise std per coordinate divided by ``C``;
-``sensitivity`` is the distance between a node's two possible reports in units of ``C``
+:mod:`shuffle_opacus.accounting.protocols`): ``clip_norm`` ``C`` bounds the L2 norm of a node's
+whole update in parameter units; ``noise_multiplier`` σ is the noise std per coordinate divided by
+``C``; ``sensitivity`` is the distance between a node's two possible reports in units of ``C``
 (``replace-one``: 2, ``paper``: 1); the analysis sigma is ``noise_multiplier / sensitivity``.
 The secure-aggregation mode's echo (:func:`secagg_echo`) adds the mode, ``n`` and ``D``.
 """
@@ -21,13 +21,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._validation import (
+from ..accounting.protocols import get_protocol, resolve_sensitivity
+from ..common.validation import (
     check_nonnegative,
     check_positive,
     check_probability,
     check_target_delta,
 )
-from ..protocols import get_protocol, resolve_sensitivity
 
 __all__ = [
     "ARRAY_NAMES_KEY",

@@ -34,7 +34,7 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 import tomli_w
 
-from .._validation import check_int, check_positive
+from ..common.validation import check_int, check_positive
 
 __all__ = ["ENGINES", "LocalFederation", "RunOutcome", "write_config"]
 

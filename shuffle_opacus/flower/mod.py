@@ -9,7 +9,7 @@ becomes zero) and adds ``N(0, (σC)²)`` to every coordinate; and replies with e
 ``ArrayRecord`` and one ``MetricRecord`` holding ``num-examples = 1`` and the echo. An
 instruction flagged ``shuffle-dp.handshake`` (the start-up check) gets the echo alone, without
 training. The floor can be raised by ``--node-config "min-noise-multiplier=..."``. Noise comes
-from the operating system (:class:`~shuffle_opacus.secure_random.SecureGenerator`: Box–Muller
+from the operating system (:class:`~shuffle_opacus.common.secure_random.SecureGenerator`: Box–Muller
 on ``os.urandom``, summed in fours as in Opacus's ``secure_mode``); ``noise_seed`` (numpy's
 PCG64) is for tests. ``docs/flower.md`` has the details and what a node must also check.
 """
@@ -33,9 +33,9 @@ from flwr.app import (
 )
 from flwr.clientapp.typing import ClientAppCallable
 
-from .._validation import check_int, check_nonnegative
-from ..protocols import resolve_sensitivity
-from ..secure_random import Draws, SecureGenerator
+from ..accounting.protocols import resolve_sensitivity
+from ..common.secure_random import Draws, SecureGenerator
+from ..common.validation import check_int, check_nonnegative
 from .config import CONFIG_KEYS, HANDSHAKE_KEY, ShufflePrivacyConfig
 
 __all__ = ["FLOOR_NODE_CONFIG_KEY", "REFUSED", "LocalShuffleDPMod", "clip_factor"]
@@ -82,7 +82,7 @@ class LocalShuffleDPMod:
                 floor beyond the protocol's ``noise_multiplier > 0``); a SuperNode can raise it
                 with the node config key ``min-noise-multiplier``.
             sensitivity: ``"replace-one"`` (default), ``"paper"`` or a number > 0; see
-                :func:`shuffle_opacus.protocols.resolve_sensitivity`.
+                :func:`shuffle_opacus.accounting.protocols.resolve_sensitivity`.
             allow_evaluate: Let evaluation instructions through unchanged. Off by default: an
                 evaluation reply releases statistics of the node's data that no accountant
                 covers; evaluate on the server with public data instead.

@@ -22,7 +22,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 
 from .config import MODE_KEY, MODES, SECAGG, TRUSTED_SERVER
 from .mod import REFUSED, LocalShuffleDPMod
-from .secagg_mod import SecAggCheckInMod
+from .secagg.mod import SecAggCheckInMod
 
 __all__ = ["MODE_NODE_CONFIG_KEY", "PrivacyModeMod", "instruction_mode"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from flwr.app import DEFAULT_TTL, Message, Metadata
 
-from .._validation import check_int, check_probability
+from ..common.validation import check_int, check_probability
 
 __all__ = ["ShuffledReplies", "check_in", "make_rng", "shuffle_replies"]
 

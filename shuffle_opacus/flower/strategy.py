@@ -31,8 +31,8 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
-from .._validation import check_int, check_positive
-from ..protocols import get_protocol
+from ..accounting.protocols import get_protocol
+from ..common.validation import check_int, check_positive
 from .checkin_base import (
     CheckInBase,
     EvaluateFn,

@@ -22,7 +22,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
-from .._validation import check_int
+from ..common.validation import check_int
 
 __all__ = ["FIRST_NODE_ID", "SERVER_NODE_ID", "InProcessGrid"]
 

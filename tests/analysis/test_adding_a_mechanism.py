@@ -39,7 +39,7 @@ from shuffle_opacus.analysis.registry import (
 )
 from shuffle_opacus.analysis.results import AccountingResult
 from shuffle_opacus.analysis.setting import RoundSetting
-from shuffle_opacus.cli import main
+from shuffle_opacus.cli.command import main
 
 DELTA = 1e-5
 
@@ -285,7 +285,7 @@ def test_curve_labels_of_the_shipped_table() -> None:
 
 
 def test_the_records_say_what_the_command_reads() -> None:
-    from shuffle_opacus.protocols import PROTOCOLS
+    from shuffle_opacus.accounting.protocols import PROTOCOLS
 
     noise = {e.name for e in MECHANISM_TABLE.values() if e.noise_multiplier}
     assert noise == {p.mechanism for p in PROTOCOLS.values()}

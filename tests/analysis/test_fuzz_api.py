@@ -20,13 +20,13 @@ import warnings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shuffle_opacus.accounting.calibration import calibrate_noise_multiplier
 from shuffle_opacus.analysis import MECHANISM_TABLE, account
 from shuffle_opacus.analysis.approximate.clones import clones_epsilon
 from shuffle_opacus.analysis.epsilon import compute_epsilon
 from shuffle_opacus.analysis.rdp.checkin import checkin_rdp
 from shuffle_opacus.analysis.rdp.conversion import OrderCapWarning, epsilon_from_rdp, rdp_to_dp
 from shuffle_opacus.analysis.rdp.shuffle_gaussian import shuffle_gaussian_rdp
-from shuffle_opacus.calibration import calibrate_noise_multiplier
 
 RTOL, ATOL = 1e-9, 1e-12
 ORDERS = 64  # fixed order range 2..64: the same Lemma 2 term on both sides of a comparison

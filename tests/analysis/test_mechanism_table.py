@@ -17,7 +17,7 @@ from shuffle_opacus.analysis import MECHANISM_TABLE, account
 from shuffle_opacus.analysis import methods as method_functions
 from shuffle_opacus.analysis.epsilon import compute_epsilon
 from shuffle_opacus.analysis.mechanisms import PARAMETERS, per_step_rdp
-from shuffle_opacus.cli import build_parser
+from shuffle_opacus.cli.command import build_parser
 
 
 def test_the_command_line_offers_exactly_the_mechanisms_of_the_table() -> None:

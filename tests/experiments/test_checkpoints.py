@@ -38,7 +38,7 @@ from shuffle_experiments.cli import main
 from shuffle_experiments.config import ConfigDeprecationWarning, ConfigError, load_config
 from shuffle_experiments.data import load_mnist
 
-from shuffle_opacus.provenance import config_hash
+from shuffle_opacus.common.provenance import config_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [

@@ -32,7 +32,7 @@ from shuffle_experiments.session import open_session
 from shuffle_experiments.sweep import load_sweep
 
 from shuffle_opacus import history_epsilon
-from shuffle_opacus.release_registry import SharedCoinsWarning
+from shuffle_opacus.engine.release_registry import SharedCoinsWarning
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN, TEST, FEATURES, CLASSES = 300, 60, 6, 3

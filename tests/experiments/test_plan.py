@@ -31,7 +31,7 @@ from shuffle_experiments.guarantee import guarantee_record
 from shuffle_experiments.plan import REPLACE_ONE, RunPlan, build_plan
 
 from shuffle_opacus import analysis_sigma, get_protocol
-from shuffle_opacus.protocols import resolve_sensitivity, sensitivity_label
+from shuffle_opacus.accounting.protocols import resolve_sensitivity, sensitivity_label
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 #: A run of a few seconds: a small MLP on 200 clients, 3 rounds, the cheap Rényi curve.

@@ -18,7 +18,7 @@ from shuffle_experiments.pooling import FastMaxPool2d
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from shuffle_opacus.clipping import FastGradientClipper
+from shuffle_opacus.engine.clipping import FastGradientClipper
 
 MIN_ELEMENTS = FastMaxPool2d.min_elements
 

@@ -23,7 +23,7 @@ import shuffle_opacus
 from shuffle_opacus import history_epsilon
 from shuffle_opacus.analysis import OrderCapWarning
 from shuffle_opacus.analysis.approximate.baselines import composed_epsilon, round_profile
-from shuffle_opacus.provenance import LIBRARIES, config_hash
+from shuffle_opacus.common.provenance import LIBRARIES, config_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from shuffle_opacus.cli import main
+from shuffle_opacus.cli.command import main
 from shuffle_opacus.flower import (
     ShuffleAccountingConfig,
     ShuffleCheckInAccountant,

@@ -2,10 +2,10 @@
 
 The Flower path: :class:`~shuffle_opacus.flower.ShuffleCheckInFedAvg` with
 :class:`~shuffle_opacus.flower.LocalShuffleDPMod` on :class:`~shuffle_opacus.flower.InProcessGrid`;
-node ``i`` holds client ``i``'s examples of a :class:`~shuffle_opacus.clients.ClientPartition`
+node ``i`` holds client ``i``'s examples of a :class:`~shuffle_opacus.federated.ClientPartition`
 (unequal sizes) and runs plain torch SGD over the batches of
-:func:`~shuffle_opacus.clients.local_batches` for the round. The one-process path:
-:func:`~shuffle_opacus.clients.make_private_clients` with the same local training, FedAvg's mean
+:func:`~shuffle_opacus.federated.local_batches` for the round. The one-process path:
+:func:`~shuffle_opacus.federated.make_private_clients` with the same local training, FedAvg's mean
 over the round's reports (``average="reports"``) and a server SGD step of learning rate 1, fed
 the participants the Flower run checked in.
 """
@@ -27,7 +27,7 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402, N812
 
 from shuffle_opacus import get_protocol  # noqa: E402
-from shuffle_opacus.clients import (  # noqa: E402
+from shuffle_opacus.federated import (  # noqa: E402
     ClientPartition,
     LocalTraining,
     local_batches,

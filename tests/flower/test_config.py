@@ -83,8 +83,8 @@ def test_core_package_does_not_import_flwr_and_missing_flwr_has_a_one_line_hint(
     """One fresh interpreter: ``import shuffle_opacus`` leaves flwr alone; without flwr the
     subpackage raises an ImportError whose message is the install command."""
     code = (
-        "import sys, shuffle_opacus, shuffle_opacus.protocols\n"
-        "import shuffle_opacus.history, shuffle_opacus.calibration\n"
+        "import sys, shuffle_opacus, shuffle_opacus.accounting.protocols\n"
+        "import shuffle_opacus.accounting.history, shuffle_opacus.accounting.calibration\n"
         "print('flwr' in sys.modules)\n"
         "sys.modules['flwr'] = None\n"
         "try:\n"

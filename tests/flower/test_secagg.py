@@ -22,7 +22,7 @@ from flwr.common import bytes_to_ndarray  # noqa: E402
 from flwr.common.secure_aggregation.quantization import dequantize, quantize  # noqa: E402
 from scipy import stats  # noqa: E402
 
-import shuffle_opacus.flower.secagg_strategy as secagg_strategy  # noqa: E402
+import shuffle_opacus.flower.secagg.strategy as secagg_strategy  # noqa: E402
 from shuffle_opacus import history_epsilon  # noqa: E402
 from shuffle_opacus.analysis import MECHANISM_TABLE  # noqa: E402
 from shuffle_opacus.analysis.epsilon import rounds_epsilon
@@ -39,7 +39,7 @@ from shuffle_opacus.flower import (  # noqa: E402
     secagg_parameters,
 )
 from shuffle_opacus.flower.checkin_base import EPSILON_PROVEN_KEY  # noqa: E402
-from shuffle_opacus.flower.secagg import (  # noqa: E402
+from shuffle_opacus.flower.secagg.parameters import (  # noqa: E402
     CLIPPING_TAIL,
     MIN_SHARES,
     MODULUS,
@@ -60,7 +60,7 @@ from .helpers import (  # noqa: E402
 @pytest.fixture(autouse=True)
 def no_padding_wait(monkeypatch):
     """The mods pad to ``reply_after`` = 30 s; skip that wait (the thread's deadline stays)."""
-    import shuffle_opacus.flower.secagg_mod as secagg_mod_module
+    import shuffle_opacus.flower.secagg.mod as secagg_mod_module
 
     waits: list[float] = []
     monkeypatch.setattr(secagg_mod_module, "_SLEEP", waits.append)

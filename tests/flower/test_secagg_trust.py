@@ -23,8 +23,8 @@ from flwr.app import ConfigRecord, Context  # noqa: E402
 from flwr.common.secure_aggregation.quantization import quantize  # noqa: E402
 from flwr.server.workflow import SecAggPlusWorkflow  # noqa: E402
 
-import shuffle_opacus.flower.secagg_mod as secagg_mod_module  # noqa: E402
-import shuffle_opacus.flower.secagg_strategy as secagg_strategy  # noqa: E402
+import shuffle_opacus.flower.secagg.mod as secagg_mod_module  # noqa: E402
+import shuffle_opacus.flower.secagg.strategy as secagg_strategy  # noqa: E402
 from shuffle_opacus.flower import (  # noqa: E402
     InProcessGrid,
     ProtocolViolationError,
@@ -33,14 +33,14 @@ from shuffle_opacus.flower import (  # noqa: E402
     ShufflePrivacyConfig,
     secagg_parameters,
 )
-from shuffle_opacus.flower.secagg import round_onto_grid  # noqa: E402
-from shuffle_opacus.flower.secagg_node import (  # noqa: E402
+from shuffle_opacus.flower.secagg.node import (  # noqa: E402
     NOT_IN_SUM_KEY,
     local_report,
     open_round,
     unmask_problem,
 )
-from shuffle_opacus.flower.secagg_workflow import SecAggWorkflow  # noqa: E402
+from shuffle_opacus.flower.secagg.parameters import round_onto_grid  # noqa: E402
+from shuffle_opacus.flower.secagg.workflow import SecAggWorkflow  # noqa: E402
 
 from .helpers import (  # noqa: E402
     context,

@@ -13,6 +13,7 @@ pytest.importorskip("flwr")
 
 from flwr.app import Array, ArrayRecord  # noqa: E402
 
+from shuffle_opacus.common.secure_random import SecureGenerator  # noqa: E402
 from shuffle_opacus.flower import (  # noqa: E402
     InProcessGrid,
     LocalShuffleDPMod,
@@ -23,8 +24,7 @@ from shuffle_opacus.flower import (  # noqa: E402
     check_in,
     make_rng,
 )
-from shuffle_opacus.flower import secagg_mod as secagg_mod_module  # noqa: E402
-from shuffle_opacus.secure_random import SecureGenerator  # noqa: E402
+from shuffle_opacus.flower.secagg import mod as secagg_mod_module  # noqa: E402
 
 from .helpers import context, instruction, model, numpy_app, shift_update  # noqa: E402
 

@@ -13,9 +13,9 @@ pytest.importorskip("flwr")
 import opacus.accountants  # noqa: E402, F401  (registration runs before the import below)
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord  # noqa: E402
 
-from shuffle_opacus.accountants import ShuffledCheckInAccountant  # noqa: E402
 from shuffle_opacus.analysis import MECHANISM_TABLE  # noqa: E402
 from shuffle_opacus.analysis.epsilon import rounds_epsilon
+from shuffle_opacus.engine.accountants import ShuffledCheckInAccountant  # noqa: E402
 from shuffle_opacus.flower import (  # noqa: E402
     ROUND_METRIC_KEYS,
     InProcessGrid,

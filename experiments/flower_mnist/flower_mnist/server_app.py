@@ -27,6 +27,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
+from shuffle_opacus.common.provenance import provenance
 from shuffle_opacus.flower import (
     MODES,
     SECAGG,
@@ -35,7 +36,6 @@ from shuffle_opacus.flower import (
     ShufflePrivacyConfig,
 )
 from shuffle_opacus.flower.launch import guarantee_lines
-from shuffle_opacus.provenance import provenance
 
 from .task import evaluate, initial_model, load_weights, setting, test_data
 

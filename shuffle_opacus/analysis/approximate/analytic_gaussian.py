@@ -25,7 +25,7 @@ import math
 import numpy as np
 from scipy.special import log_ndtr
 
-from ..._validation import check_delta, check_nonnegative, check_sigma
+from ...common.validation import check_delta, check_nonnegative, check_sigma
 
 __all__ = ["gaussian_dp_delta", "gaussian_dp_epsilon"]
 

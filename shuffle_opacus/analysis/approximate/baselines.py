@@ -24,7 +24,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..._validation import check_delta, check_int, check_positive, check_probability, check_sigma
+from ...common.validation import (
+    check_delta,
+    check_int,
+    check_positive,
+    check_probability,
+    check_sigma,
+)
 from ..results import AccountingResult
 from ._binomial import binom_ppf
 from .clones import (

@@ -25,7 +25,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..._validation import check_delta, check_int, check_nonnegative, check_positive, check_sigma
+from ...common.validation import (
+    check_delta,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    check_sigma,
+)
 from ..options import CLONES_METHODS
 from ._binomial import binom_cdf, binom_isf, binom_pmf, binom_ppf, binom_sf
 from ._minimize import minimize_bounded

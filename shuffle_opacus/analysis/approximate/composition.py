@@ -22,7 +22,7 @@ import math
 import numpy as np
 from scipy.special import gammaln, logsumexp
 
-from ..._validation import (
+from ...common.validation import (
     check_delta,
     check_int,
     check_nonnegative,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..._validation import check_delta, check_int, check_nonnegative, check_positive
+from ...common.validation import check_delta, check_int, check_nonnegative, check_positive
 from ..results import PLD_ACCOUNTING, PLD_ACCOUNTING_SYMMETRISED, AccountingResult
 
 if TYPE_CHECKING:  # imported where used: a query answered from the disk cache needs neither

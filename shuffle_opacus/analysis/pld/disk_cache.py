@@ -196,7 +196,7 @@ def _key_text(
     source = _source_digest(tuple(sources))
     if source is None:
         return None
-    from ..._version import __version__
+    from ...common.version import __version__
 
     record = {
         "kind": kind,

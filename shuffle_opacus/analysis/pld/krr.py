@@ -25,7 +25,7 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from scipy.special import gammaln, xlogy
 from scipy.stats import binom
 
-from ..._validation import check_delta, check_int, check_nonnegative, check_probability
+from ...common.validation import check_delta, check_int, check_nonnegative, check_probability
 from ..options import KRR_ADVERSARIES
 from ..results import AccountingResult
 from .common import (

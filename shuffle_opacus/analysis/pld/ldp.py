@@ -28,7 +28,7 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from scipy.special import logsumexp
 
-from ..._validation import check_delta, check_int, check_nonnegative, check_positive
+from ...common.validation import check_delta, check_int, check_nonnegative, check_positive
 from ..options import LDP_PAIRS, LDP_SHUFFLE_METHODS
 from ..results import AccountingResult
 from .common import (

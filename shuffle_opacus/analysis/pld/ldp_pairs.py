@@ -28,7 +28,7 @@ import numpy as np
 from dp_accounting.pld import pld_pmf
 from scipy.special import gammaln
 
-from ..._validation import check_int, check_positive
+from ...common.validation import check_int, check_positive
 from ..options import LDP_PAIRS
 from .common import DEFAULT_TAIL, binom_logpmf, check_discretization, check_tail
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy import fft
 
-from ..._validation import check_delta, check_int
+from ...common.validation import check_delta, check_int
 from ..limits import check_memory
 from . import disk_cache
 

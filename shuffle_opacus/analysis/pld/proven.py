@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..._validation import check_delta
+from ...common.validation import check_delta
 from ..approximate.analytic_gaussian import gaussian_dp_delta, gaussian_dp_epsilon
 from . import disk_cache
 from .common import default_tail

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._validation import check_orders, check_probability, check_sigma
+from ...common.validation import check_orders, check_probability, check_sigma
 from .series import log_gaussian_excess, mixture_log_excess
 
 __all__ = ["gaussian_rdp", "poisson_subsampled_gaussian_rdp"]

@@ -24,7 +24,7 @@ from fractions import Fraction
 import numpy as np
 from scipy.stats import binom
 
-from ..._validation import MAX_ORDER, check_int, check_orders, check_probability, check_sigma
+from ...common.validation import MAX_ORDER, check_int, check_orders, check_probability, check_sigma
 from .series import NEG_INF, log_gaussian_excess, lse, mixture_log_excess, shuffle_log_excess
 from .subsampling import wang_log_excess
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..._validation import MAX_ORDER, check_delta, check_int, check_nonnegative, check_orders
+from ...common.validation import MAX_ORDER, check_delta, check_int, check_nonnegative, check_orders
 
 __all__ = [
     "delta_from_rdp",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._validation import MAX_ORDER, check_int, check_orders, check_sigma
+from ...common.validation import MAX_ORDER, check_int, check_orders, check_sigma
 from .series import shuffle_log_excess
 
 __all__ = ["shuffle_gaussian_rdp", "no_shuffle_rdp", "shuffle_gaussian_log_excess"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import gammaln
 
-from ..._validation import check_int, check_orders, check_probability, check_sigma
+from ...common.validation import check_int, check_orders, check_probability, check_sigma
 from .series import NEG_INF, egf_log_conv_at, log_gaussian_excess, shuffle_log_excess
 
 __all__ = ["subsampled_shuffle_rdp", "subsampled_gaussian_rdp", "wang_log_excess"]

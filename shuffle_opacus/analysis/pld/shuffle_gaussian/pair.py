@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import ndtr, ndtri
 
-from ...._validation import (
+from ....common.validation import (
     check_delta,
     check_int,
     check_probability,

@@ -12,7 +12,7 @@ import numpy as np
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
-from ...._validation import (
+from ....common.validation import (
     check_int,
     check_positive,
 )

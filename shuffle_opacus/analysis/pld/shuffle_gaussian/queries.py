@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
-from ...._validation import (
+from ....common.validation import (
     check_delta,
     check_int,
     check_nonnegative,
