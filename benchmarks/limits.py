@@ -27,7 +27,7 @@ import warnings  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 
 from shuffle_opacus.analysis import limits  # noqa: E402
-from shuffle_opacus.analysis.mechanisms import _step_table  # noqa: E402
+from shuffle_opacus.analysis.mechanisms import _step_table, get_mechanism  # noqa: E402
 from shuffle_opacus.analysis.query import account  # noqa: E402
 from shuffle_opacus.analysis.rdp.conversion import OrderCapWarning  # noqa: E402
 
@@ -91,7 +91,11 @@ def main(argv: list[str]) -> None:
             continue
         values = {**req.parameters}
         estimate = limits.account_seconds(
-            req.mechanism, values, steps=req.steps, method=req.method, max_order=req.max_order
+            get_mechanism(req.mechanism),
+            values,
+            steps=req.steps,
+            method=req.method,
+            max_order=req.max_order,
         )
         _step_table.cache_clear()
         start = time.perf_counter()

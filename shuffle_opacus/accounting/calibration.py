@@ -225,7 +225,7 @@ def _check_budget(
 ) -> None:
     try:
         check_calibrate_budget(
-            mechanism=record.mechanism,
+            mechanism=record.analysis,
             method=method,
             n=population,
             m=sample_size,

@@ -354,18 +354,21 @@ def clones_closed_form_request(
 # --- reading the records ------------------------------------------------------------------------
 
 
-def mechanism_record(mechanism: str | Mechanism) -> Mechanism:
-    """Return the record of ``mechanism`` (a record is returned as it is).
+def mechanism_record(mechanism: Mechanism) -> Mechanism:
+    """Return ``mechanism`` once it is checked to be a record.
+
+    The cost model reads records only: the table that turns a name into its record
+    (:func:`~.mechanisms.get_mechanism`) stands on the cost functions of this module.
 
     Raises:
-        ValueError: for a name not in :data:`~.mechanisms.MECHANISM_TABLE`.
+        TypeError: for anything but a :class:`~.records.Mechanism`, a name included.
     """
-    if isinstance(mechanism, Mechanism):
-        return mechanism
-    # Imported here: the table references the cost functions of this module.
-    from .mechanisms import get_mechanism
-
-    return get_mechanism(mechanism)
+    if not isinstance(mechanism, Mechanism):
+        raise TypeError(
+            f"mechanism must be a Mechanism record (get_mechanism(name) gives a name's). "
+            f"Found {mechanism!r}."
+        )
+    return mechanism
 
 
 def _stage_cost(entry: Mechanism, curve: str) -> StageCost | None:
@@ -378,7 +381,7 @@ def _stage_cost(entry: Mechanism, curve: str) -> StageCost | None:
 
 
 def rdp_stage_seconds(
-    mechanism: str | Mechanism,
+    mechanism: Mechanism,
     method: str,
     order: int,
     *,
@@ -389,7 +392,7 @@ def rdp_stage_seconds(
     """Estimated seconds to evaluate one round's RDP of a method at orders ``2..order``.
 
     Args:
-        mechanism: A mechanism of the table (its name or its record).
+        mechanism: The record of a mechanism of the table.
         method: Its method, or a reference curve (``no-shuffle``, ``central``); a curve without
             a stage cost counts as one series convolution.
         order: Largest order ``L``.
@@ -401,7 +404,7 @@ def rdp_stage_seconds(
         The estimate in seconds.
 
     Raises:
-        ValueError: for a mechanism not in the table.
+        TypeError: for a ``mechanism`` that is not a record.
     """
     stage = _stage_cost(mechanism_record(mechanism), method)
     if stage is None:
@@ -410,7 +413,7 @@ def rdp_stage_seconds(
 
 
 def account_seconds(
-    mechanism: str | Mechanism,
+    mechanism: Mechanism,
     values: Mapping[str, object],
     *,
     steps: list[int],
@@ -425,8 +428,8 @@ def account_seconds(
     itself and the fallback (the fallback alone with ``max_order``, which selects it).
 
     Args:
-        mechanism: A mechanism of :data:`~shuffle_opacus.analysis.MECHANISM_TABLE` (its name
-            or its record).
+        mechanism: The record of a mechanism of
+            :data:`~shuffle_opacus.analysis.MECHANISM_TABLE`.
         values: Its parameters by name (``None`` for absent ones).
         steps: The round counts.
         method: The method (``None`` for the default).
@@ -436,7 +439,8 @@ def account_seconds(
         The estimate in seconds.
 
     Raises:
-        ValueError: for an unknown mechanism or method.
+        TypeError: for a ``mechanism`` that is not a record.
+        ValueError: for an unknown method.
     """
     entry = mechanism_record(mechanism)
     total = BASE_SECONDS + 1e-4 * len(set(steps))
@@ -469,18 +473,19 @@ def account_seconds(
     return min(request(values, steps, total), fallback)
 
 
-def calibration_drivers(mechanism: str | Mechanism, method: str) -> tuple[str, ...]:
+def calibration_drivers(mechanism: Mechanism, method: str) -> tuple[str, ...]:
     """Return the calibration parameters that drive the cost of ``method``, in order.
 
     Raises:
-        ValueError: for an unknown mechanism or method.
+        TypeError: for a ``mechanism`` that is not a record.
+        ValueError: for an unknown method.
     """
     return mechanism_record(mechanism).method(method).cost.calibration_drivers
 
 
 def calibrate_seconds(
     *,
-    mechanism: str | Mechanism,
+    mechanism: Mechanism,
     method: str,
     n: int,
     m: int | None,
@@ -491,7 +496,7 @@ def calibrate_seconds(
     """Estimated seconds of a noise calibration (about 16 evaluations of epsilon).
 
     Args:
-        mechanism: The protocol's analysis mechanism (its name or its record).
+        mechanism: The record of the protocol's analysis mechanism.
         method: Its method.
         n: Population.
         m: Users per round, or ``None``.
@@ -503,7 +508,8 @@ def calibrate_seconds(
         The estimate in seconds.
 
     Raises:
-        ValueError: for an unknown mechanism or method.
+        TypeError: for a ``mechanism`` that is not a record.
+        ValueError: for an unknown method.
     """
     entry = mechanism_record(mechanism)
     own = entry.method(method).cost.calibration

@@ -105,7 +105,7 @@ def largest_within(cost: Callable[[int], float], low: int, high: int, budget: fl
 
 
 def check_budget(
-    mechanism: str | Mechanism,
+    mechanism: Mechanism,
     values: Mapping[str, object],
     *,
     steps: list[int],
@@ -119,8 +119,8 @@ def check_budget(
     lowering brings the estimate within the budget.
 
     Args:
-        mechanism: A mechanism of :data:`~shuffle_opacus.analysis.MECHANISM_TABLE` (its name
-            or its record).
+        mechanism: The record of a mechanism of
+            :data:`~shuffle_opacus.analysis.MECHANISM_TABLE`.
         values: Its parameters by name (validated).
         steps: The round counts (validated).
         method: The method, or ``None``.
@@ -131,6 +131,7 @@ def check_budget(
         The estimate in seconds.
 
     Raises:
+        TypeError: for a ``mechanism`` that is not a record.
         WorkLimitError: naming the parameter to lower and its largest acceptable value, with
             the estimate.
     """
@@ -261,7 +262,7 @@ def charge(seconds: float, refuse: Callable[[float, float], str]) -> None:
 
 def check_calibrate_budget(
     *,
-    mechanism: str | Mechanism,
+    mechanism: Mechanism,
     method: str,
     n: int,
     m: int | None,
@@ -275,7 +276,7 @@ def check_calibrate_budget(
     range; later stages are charged while the calibration runs (:func:`charge`).
 
     Args:
-        mechanism: The protocol's analysis mechanism (its name or its record).
+        mechanism: The record of the protocol's analysis mechanism.
         method: Its method.
         n: Population (validated).
         m: Users per round, or ``None``.
@@ -287,6 +288,7 @@ def check_calibrate_budget(
         The estimate in seconds.
 
     Raises:
+        TypeError: for a ``mechanism`` that is not a record.
         WorkLimitError: naming ``n`` or ``rounds`` (the method's
             :attr:`~.records.Cost.calibration_drivers`) and its largest acceptable value.
     """

@@ -417,9 +417,7 @@ def _charge_stage(mech: Mechanism, curve: str, setting: RoundSetting, max_order:
     """Charge the estimated cost of one order range to the active budget, or refuse it."""
 
     def cost(order: int) -> float:
-        return rdp_stage_seconds(
-            mech.name, curve, order, n=setting.n, m=setting.m, rate=setting.rate
-        )
+        return rdp_stage_seconds(mech, curve, order, n=setting.n, m=setting.m, rate=setting.rate)
 
     def refuse(remaining: float, seconds: float) -> str:
         best = largest_within(cost, 2, max_order, max(remaining, 0.0))

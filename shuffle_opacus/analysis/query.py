@@ -185,7 +185,7 @@ def _account(
     delta = check_target_delta(delta)
     if max_seconds is not None:
         check_budget(
-            mechanism,
+            entry,
             _checked(given),
             steps=counts,
             method=method,

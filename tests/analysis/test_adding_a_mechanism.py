@@ -157,10 +157,10 @@ def test_toy_gaussian_cost_and_work_limit(capsys: pytest.CaptureFixture[str]) ->
     with registered(TOY_GAUSSIAN):
         base = costs.BASE_SECONDS + 1e-4
         estimate = costs.account_seconds(
-            "toy-gaussian", {"sigma": 2.0}, steps=[10], method=None, max_order=300
+            TOY_GAUSSIAN, {"sigma": 2.0}, steps=[10], method=None, max_order=300
         )
         assert estimate == base + 0.01 * 300
-        assert costs.rdp_stage_seconds("toy-gaussian", "rdp", 300) == toy_stage(
+        assert costs.rdp_stage_seconds(TOY_GAUSSIAN, "rdp", 300) == toy_stage(
             300, n=None, m=None, rate=None
         )
         # The record's stage cost and drivers decide the refusal: 0.0501 + 0.01 x <= 1.
