@@ -18,12 +18,22 @@ from shuffle_opacus.analysis.approximate import _binomial
 from shuffle_opacus.analysis.approximate._binomial import (
     binom_cdf,
     binom_isf,
+    binom_logcdf,
+    binom_logpmf,
+    binom_logsf,
     binom_pmf,
     binom_ppf,
     binom_sf,
 )
 
-AT_POINTS = [(binom_pmf, binom.pmf), (binom_cdf, binom.cdf), (binom_sf, binom.sf)]
+AT_POINTS = [
+    (binom_pmf, binom.pmf),
+    (binom_cdf, binom.cdf),
+    (binom_sf, binom.sf),
+    (binom_logpmf, binom.logpmf),
+    (binom_logcdf, binom.logcdf),
+    (binom_logsf, binom.logsf),
+]
 QUANTILES = [(binom_ppf, binom.ppf), (binom_isf, binom.isf)]
 
 
@@ -122,6 +132,17 @@ def test_the_calls_of_the_clones_bound():
         _compare(binom_sf, binom.sf, hi, n - 1, p)
         bulk = np.arange(lo, hi + 1.0)
         _compare(binom_pmf, binom.pmf, bulk, n - 1, p)
+
+
+def test_the_calls_of_the_checkin_bounds():
+    # As rdp/checkin.py calls them: log masses over the bulk, log tails at chunk edges.
+    for n, rate in [(60000, 0.1), (10**6, 0.01), (1000, 0.5), (10**8, 1e-4), (50, 0.9)]:
+        mean, sd = n * rate, (n * rate * (1 - rate)) ** 0.5
+        ks = np.arange(max(1, int(mean - 40 * sd)), min(n, int(mean + 40 * sd)) + 1)
+        _compare(binom_logpmf, binom.logpmf, ks, n, rate)
+        for k in (0, 1, int(mean - 12 * sd), int(mean), int(mean + 12 * sd), n - 1, n):
+            _compare(binom_logcdf, binom.logcdf, k, n, rate)
+            _compare(binom_logsf, binom.logsf, k, n, rate)
 
 
 def test_without_the_kernels_scipy_stats_answers(monkeypatch):

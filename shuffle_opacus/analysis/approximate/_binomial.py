@@ -19,7 +19,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["binom_cdf", "binom_isf", "binom_pmf", "binom_ppf", "binom_sf"]
+__all__ = [
+    "binom_cdf",
+    "binom_isf",
+    "binom_logcdf",
+    "binom_logpmf",
+    "binom_logsf",
+    "binom_pmf",
+    "binom_ppf",
+    "binom_sf",
+]
 
 _Ufunc = Callable[..., Any]
 _Settled = tuple[np.ndarray, np.ndarray]  # (which points, their values)
@@ -64,11 +73,32 @@ def _evaluate(
     if np.any(ask):
         kernels = _kernels()
         assert kernels is not None
-        found = kernels[name](x[ask], n[ask], p[ask])
-        # scipy clips masses and tails to [0, 1], and adds its location (0) to quantiles.
-        out[ask] = found + 0.0 if name in ("ppf", "isf") else np.clip(found, 0.0, 1.0)
+        if name.startswith("log"):
+            out[ask] = _log_kernel(name, kernels, x[ask], n[ask], p[ask])
+        else:
+            found = kernels[name](x[ask], n[ask], p[ask])
+            # scipy clips masses and tails to [0, 1], and adds its location (0) to quantiles.
+            out[ask] = found + 0.0 if name in ("ppf", "isf") else np.clip(found, 0.0, 1.0)
     out[~valid] = np.nan
     return out[()] if out.ndim == 0 else out
+
+
+def _log_kernel(
+    name: str, kernels: dict[str, _Ufunc], x: np.ndarray, n: np.ndarray, p: np.ndarray
+) -> np.ndarray:
+    """``scipy.stats.binom``'s logarithms at points inside the support, as it computes them.
+
+    ``logpmf`` is its log-gamma formula (not the log of the mass); ``logcdf`` and ``logsf`` are
+    the logarithms of the Boost tails, unclipped.
+    """
+    from scipy.special import gammaln, xlog1py, xlogy
+
+    if name == "logpmf":
+        k = np.floor(x)
+        combiln = gammaln(n + 1) - (gammaln(k + 1) + gammaln(n - k + 1))
+        return np.asarray(combiln + xlogy(k, p) + xlog1py(n - k, -p))
+    with np.errstate(divide="ignore"):
+        return np.asarray(np.log(kernels[name.removeprefix("log")](np.floor(x), n, p)))
 
 
 def binom_pmf(k: Any, n: Any, p: Any) -> Any:
@@ -174,3 +204,71 @@ def binom_isf(q: Any, n: Any, p: Any) -> Any:
         return (x <= 0) | (x >= 1), np.where(x == 1, -1.0, np.where(x == 0, trials, np.nan))
 
     return _evaluate("isf", q, n, p, ends)
+
+
+def binom_logpmf(k: Any, n: Any, p: Any) -> Any:
+    """``log Pr[Bin(n, p) = k]``, as ``scipy.stats.binom.logpmf(k, n, p)``.
+
+    Args:
+        k: Points (array-like; ``-inf`` off the integers ``0..n``).
+        n: Numbers of trials (array-like; integers >= 0, else ``nan``).
+        p: Success probabilities (array-like; in ``[0, 1]``, else ``nan``).
+
+    Returns:
+        The log masses, broadcast over the arguments (a numpy scalar for scalar arguments).
+    """
+    if _kernels() is None:
+        return _stats_binom().logpmf(k, n, p)
+
+    def ends(x: np.ndarray, trials: np.ndarray) -> _Settled:
+        inside = (x >= 0) & (x <= trials) & (np.floor(x) == x)
+        return ~inside, np.full_like(x, -np.inf)
+
+    return _evaluate("logpmf", k, n, p, ends)
+
+
+def binom_logcdf(k: Any, n: Any, p: Any) -> Any:
+    """``log Pr[Bin(n, p) <= k]``, as ``scipy.stats.binom.logcdf(k, n, p)``.
+
+    Args:
+        k: Points (array-like; a non-integer ``k`` counts as ``floor(k)``).
+        n: Numbers of trials (array-like; integers >= 0, else ``nan``).
+        p: Success probabilities (array-like; in ``[0, 1]``, else ``nan``).
+
+    Returns:
+        The log lower tails, broadcast over the arguments (a numpy scalar for scalar
+        arguments).
+    """
+    if _kernels() is None:
+        return _stats_binom().logcdf(k, n, p)
+
+    def ends(x: np.ndarray, trials: np.ndarray) -> _Settled:
+        return (x < 0) | (x >= trials), np.where(x >= trials, 0.0, -np.inf)
+
+    out = _evaluate("logcdf", np.floor(k), n, p, ends)
+    # scipy writes 0 wherever k >= n after its nan for bad parameters, so bad ones get 0 there.
+    beyond = np.asarray(k, dtype=float) >= np.asarray(n, dtype=float)
+    if not np.any(beyond):
+        return out
+    return np.where(beyond, 0.0, out)[()]
+
+
+def binom_logsf(k: Any, n: Any, p: Any) -> Any:
+    """``log Pr[Bin(n, p) > k]``, as ``scipy.stats.binom.logsf(k, n, p)``.
+
+    Args:
+        k: Points (array-like; a non-integer ``k`` counts as ``floor(k)``).
+        n: Numbers of trials (array-like; integers >= 0, else ``nan``).
+        p: Success probabilities (array-like; in ``[0, 1]``, else ``nan``).
+
+    Returns:
+        The log upper tails, broadcast over the arguments (a numpy scalar for scalar
+        arguments).
+    """
+    if _kernels() is None:
+        return _stats_binom().logsf(k, n, p)
+
+    def ends(x: np.ndarray, trials: np.ndarray) -> _Settled:
+        return (x < 0) | (x >= trials), np.where(x < 0, 0.0, -np.inf)
+
+    return _evaluate("logsf", np.floor(k), n, p, ends)

@@ -22,9 +22,9 @@ import math
 from fractions import Fraction
 
 import numpy as np
-from scipy.stats import binom
 
 from ...common.validation import MAX_ORDER, check_int, check_orders, check_probability, check_sigma
+from ..approximate._binomial import binom_logcdf, binom_logpmf, binom_logsf
 from .series import NEG_INF, log_gaussian_excess, lse, mixture_log_excess, shuffle_log_excess
 from .subsampling import wang_log_excess
 
@@ -53,7 +53,7 @@ def _log_binom_lower(k: int, n: int, rate: float) -> float:
         return NEG_INF
     if k >= n:
         return 0.0
-    value = float(binom.logcdf(k, n, rate))
+    value = float(binom_logcdf(k, n, rate))
     if value > -700.0:
         return min(value, 0.0)
     if k < n * rate:  # Chernoff: Pr[K <= k] <= exp(-n KL(k/n || rate))
@@ -67,7 +67,7 @@ def _log_binom_upper(k: int, n: int, rate: float) -> float:
         return NEG_INF
     if k < 0:
         return 0.0
-    value = float(binom.logsf(k, n, rate))
+    value = float(binom_logsf(k, n, rate))
     if value > -700.0:
         return min(value, 0.0)
     if k + 1 > n * rate:  # Chernoff: Pr[K >= k+1] <= exp(-n KL((k+1)/n || rate))
@@ -138,7 +138,7 @@ def _sum_bound(
         index = {int(k): i for i, k in enumerate(needed)}
 
         ks = np.arange(lo, hi + 1)
-        log_pmf = binom.logpmf(ks, n, rate)
+        log_pmf = binom_logpmf(ks, n, rate)
         if step == 1:
             log_mass = log_pmf
         else:
