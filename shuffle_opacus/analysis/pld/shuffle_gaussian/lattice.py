@@ -10,8 +10,8 @@ import math
 import numpy as np
 
 from ...memory import PldRangeError, check_memory
+from .chernoff import _Chernoff
 from .pair import (
-    _MGF_BINS,
     MAX_LATTICE_POINTS,
     ShuffleGaussianPair,
     _cells,
@@ -101,93 +101,6 @@ def _convolve(a: tuple[int, np.ndarray], b: tuple[int, np.ndarray]) -> tuple[int
 
     # FFT noise is left signed here (it averages out) and set to zero once, at the end.
     return a[0] + b[0], signal.convolve(a[1], b[1], method="auto")
-
-
-class _Chernoff:
-    """Tail bounds of a sum of ``J`` i.i.d. lattice terms, and of its tilted version.
-
-    For a term's lattice measure ``mu`` (mass <= 1, mean <= 0) with ``M(t) = sum mu(z) e^{t z}``
-    and ``T`` the sum of ``J`` terms: ``E[(1 + T/n) 1{T >= s}] <= e^{-t s} (M^J + J/n M^{J-1}
-    M')`` for ``t > 0`` (the tilt that turns ``Q`` into ``P``; for ``s >= 0`` it also bounds the
-    ``Q`` mass); below, ``(1 + T/n) <= 1`` for ``T <= 0`` and ``Q(T <= s) <= e^{t s} M(-t)^J``.
-    Each bound is minimised over a grid of ``t``. A large lattice is first merged into at most
-    ``_MGF_BINS`` runs of neighbouring points, each represented by the end that makes ``M`` and
-    ``M'`` larger (``z e^{t z}`` is largest at an end of an interval), so the bounds stay valid.
-    """
-
-    def __init__(self, term: tuple[int, np.ndarray], step: float, n: int) -> None:
-        offset, masses = term
-        # The lowest points exactly (the lower tail needs them), the rest merged into runs.
-        exact = min(masses.size, _MGF_BINS)
-        rest = masses[exact:]
-        width = max(1, math.ceil(rest.size / _MGF_BINS))
-        pad = (-rest.size) % width
-        grouped = np.concatenate([rest, np.zeros(pad)]).reshape(-1, width)
-        first = offset + exact + np.arange(grouped.shape[0]) * width
-        starts = np.concatenate([offset + np.arange(exact), first])
-        ends = np.concatenate([offset + np.arange(exact), first + width - 1])
-        mass = np.concatenate([masses[:exact], grouped.sum(axis=1)])
-        keep = mass > 0
-        self.mass = mass[keep]
-        self.lo = starts[keep] * step
-        self.hi = ends[keep] * step
-        self.n = n
-        # e^{t z} stays below e^60: above, z reaches the top of the lattice; below, z >= -1 for
-        # every report, so the lower tail can use much larger t.
-        span_up = max(float(self.hi.max()), step)
-        span_down = max(-float(self.lo.min()), step)
-        self.thetas = np.geomspace(1e-6, 60.0, 240) / span_up
-        self.thetas_down = np.geomspace(1e-6, 60.0, 240) / span_down
-        self._up = self._mgf(self.thetas)
-        self._down = self._mgf(-self.thetas_down)
-
-    def _mgf(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Upper bounds on ``log M(t)`` and on ``M'(t) / M(t)`` at each ``t``."""
-        log_mass = np.log(self.mass)
-        log_m0 = np.empty(theta.size)
-        ratio = np.empty(theta.size)
-        for start in range(0, theta.size, 16):
-            t = theta[start : start + 16, None]
-            # The exponent at each run's end that makes M larger (all t of a block share a sign).
-            z0 = self.hi if t[0, 0] > 0 else self.lo
-            exponent = log_mass[None, :] + t * z0[None, :]
-            top = exponent.max(axis=1, keepdims=True)
-            scaled = np.exp(exponent - top)
-            log_m0[start : start + 16] = np.log(scaled.sum(axis=1)) + top[:, 0]
-            # z e^{t z} on a run is largest at one of its ends: at the end z0, mass * z0 * e^{t z0}
-            # is scaled[...] * z0 * e^{top - log M}; the other end is evaluated directly. Scaled by
-            # e^{-log M} against overflow.
-            shift = np.exp(top[:, 0] - log_m0[start : start + 16])[:, None]
-            other = self.lo if t[0, 0] > 0 else self.hi
-            at_z0 = scaled * shift * z0[None, :]
-            at_other = (
-                self.mass[None, :]
-                * other[None, :]
-                * np.exp(t * other[None, :] - log_m0[start : start + 16, None])
-            )
-            ratio[start : start + 16] = np.maximum(at_z0, at_other).sum(axis=1)
-        return log_m0, ratio
-
-    def window(self, count: int, budget: float) -> tuple[float, float, float, float]:
-        """Return a range ``[low, high]`` of the sum of ``count`` terms and the masses outside.
-
-        Returns:
-            ``(low, high, q_out, p_out)``: bounds on the ``Q`` mass and on the tilted ``P`` mass
-            of ``T < low`` plus ``T > high``, each at most ``budget``.
-        """
-        half = math.log(budget / 2.0)
-        log_m0, ratio = self._up
-        log_tilted = count * log_m0 + np.log(np.maximum(1.0 + count / self.n * ratio, 1e-300))
-        highs = np.maximum((log_tilted - half) / self.thetas, 0.0)
-        i = int(np.argmin(highs))
-        high = float(highs[i])
-        p_high = math.exp(log_tilted[i] - self.thetas[i] * high)
-        log_down, _ = self._down
-        lows = np.minimum(-(count * log_down - half) / self.thetas_down, 0.0)
-        j = int(np.argmax(lows))
-        low = float(lows[j])
-        q_low = math.exp(count * log_down[j] + self.thetas_down[j] * low)
-        return low, high, q_low + p_high, p_high + q_low
 
 
 def _cut(
