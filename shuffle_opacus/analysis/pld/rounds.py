@@ -109,12 +109,22 @@ def _key(
 
 
 def _build_upper(setting: ShuffleRound, discretization: float, tail: float) -> list[PmfPowers]:
-    from .shuffle_gaussian.pmf import shuffle_gaussian_pair, symmetric_pmf
+    from .shuffle_gaussian.pmf import shuffle_gaussian_pair, symmetric_masses
 
     pair = shuffle_gaussian_pair(
         n=setting.n, sigma=setting.sigma, rate=setting.rate, m=setting.m, tail=tail
     )
-    return [PmfPowers(symmetric_pmf(pair, discretization, tail / 4.0))]
+    # symmetric_pmf's masses, without importing dp_accounting.
+    lower, probs, infinity = symmetric_masses(pair, discretization, tail / 4.0)
+    return [
+        PmfPowers.from_arrays(
+            discretization=discretization,
+            lower=lower,
+            probs=probs,
+            infinity=infinity,
+            pessimistic=True,
+        )
+    ]
 
 
 @functools.lru_cache(maxsize=16)

@@ -97,10 +97,10 @@ def _term_lattice(a: float, rate: float, x_max: float, step: float) -> tuple[int
 
 def _convolve(a: tuple[int, np.ndarray], b: tuple[int, np.ndarray]) -> tuple[int, np.ndarray]:
     # Imported here: the work limits' estimate (lattice_points) loads this module on its own.
-    from scipy import signal
+    from .convolve import convolve_full
 
     # FFT noise is left signed here (it averages out) and set to zero once, at the end.
-    return a[0] + b[0], signal.convolve(a[1], b[1], method="auto")
+    return a[0] + b[0], convolve_full(a[1], b[1])
 
 
 def _cut(

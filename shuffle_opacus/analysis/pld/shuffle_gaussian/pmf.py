@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-from dp_accounting.pld import pld_pmf
-from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
 from ....common.validation import (
     check_int,
@@ -18,7 +17,6 @@ from ....common.validation import (
 )
 from ...memory import PldRangeError
 from ..common import check_discretization, check_tail
-from .geometric import _geometric_pair
 from .lattice import _lattice_pair
 from .pair import (
     COARSE_LATTICE_STEP,
@@ -33,18 +31,31 @@ from .pair import (
     pld_discretization,
 )
 
+if TYPE_CHECKING:  # dp_accounting (and scipy.signal, which it imports) load only where used
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
+#: dp_accounting's largest connect-the-dots slope rise it accepts as rounding (``deltas`` must
+#: not increase by more between neighbours); its ``_DELTA_DIFF_TOLERANCE``.
+_DELTA_RISE_TOLERANCE = 1e-12
+
 
 @functools.lru_cache(maxsize=4)  # the PLDs built from a pair have their own cache
 def _cached_pair(
     n: int, terms: int, gamma: float, sigma: float, tail: float, spread: float
 ) -> ShuffleGaussianPair:
     """Choose the engine: geometric for few reports, or when the lattice would be coarse."""
+    # The geometric engine is imported where used: it needs scipy.stats, the lattice does not.
     if terms <= GEOMETRIC_MAX_TERMS:
+        from .geometric import _geometric_pair
+
         return _geometric_pair(n, terms, gamma, sigma, tail, spread)
     if terms <= GEOMETRIC_FALLBACK_TERMS:
         x_max = _report_cut(1.0 / sigma, gamma, terms, n, tail)[0]
         step = _lattice_step(1.0 / sigma, gamma, terms, x_max, spread)[0]
         if step is None or step > COARSE_LATTICE_STEP:
+            from .geometric import _geometric_pair
+
             return _geometric_pair(n, terms, gamma, sigma, tail, spread)
     return _lattice_pair(n, terms, gamma, sigma, tail, spread)
 
@@ -85,20 +96,43 @@ def shuffle_gaussian_pair(
     return _cached_pair(n, terms, gamma, sigma, tail, spread)
 
 
-def _pmf(
+def _connect_dots(
     curve: np.ndarray, lo: int, discretization: float, tail: float, infinity: float
-) -> pld_pmf.PLDPmf:
-    """Connect-the-dots PMF of a hockey-stick curve given on the grid ``(lo + j) d``."""
+) -> tuple[int, np.ndarray, float]:
+    """Connect-the-dots masses of a hockey-stick curve given on the grid ``(lo + j) d``.
+
+    ``dp_accounting``'s ``create_pmf_pessimistic_connect_dots_fixed_gap`` (version 0.6.0), the
+    same operations on the same arrays, without importing ``dp_accounting`` (which imports
+    ``scipy.signal`` and ``scipy.stats``, most of a cold query's imports).
+
+    Returns:
+        ``(lower, probs, infinity_mass)``: the first grid index, the masses from there on and
+        the mass at infinity, bit for bit those of ``dp_accounting``'s PMF.
+
+    Raises:
+        ValueError: as ``dp_accounting`` does, on deltas outside ``[0, 1]`` or increasing.
+    """
     # Stop the grid where the remaining finite part of delta is within the budget.
     keep = np.flatnonzero(curve - infinity > tail)
     end = int(keep[-1]) + 2 if keep.size else 1
     end = min(end, curve.size)
     deltas = np.minimum.accumulate(np.minimum(curve[:end], 1.0))
     if deltas.size == 1:
-        return pld_pmf.DensePLDPmf(discretization, lo, np.array([1.0 - deltas[0]]), deltas[0], True)
-    return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(
-        discretization, lo, lo + deltas.size - 1, deltas
-    )
+        return lo, np.array([1.0 - deltas[0]]), deltas[0]
+    deltas = np.asarray(deltas, dtype=np.float64)
+    if np.any(deltas < 0) or np.any(deltas > 1):
+        raise ValueError(f"deltas are not between 0 and 1 : deltas={deltas}.")
+    if np.any(np.diff(deltas) > _DELTA_RISE_TOLERANCE):
+        raise ValueError(f"deltas are not in non-increasing order: deltas={deltas}.")
+    deltas = np.minimum.accumulate(deltas)
+    delta_diffs = np.diff(deltas)
+    probs = np.zeros_like(deltas)
+    # Algorithm 1 of Doroshenko et al. (arXiv:2207.04380) with d = discretization.
+    expm1 = math.expm1(discretization)
+    probs[0] = 1 - deltas[0] + delta_diffs[0] / expm1
+    probs[1:-1] = (delta_diffs[1:] - delta_diffs[:-1] * math.exp(discretization)) / expm1
+    probs[-1] = delta_diffs[-1] / math.expm1(-discretization)
+    return lo, np.maximum(0.0, probs), deltas[-1]
 
 
 def _relevant_span(pair: ShuffleGaussianPair, tail: float) -> float | None:
@@ -139,6 +173,36 @@ def _grid(low: float, high: float, discretization: float) -> tuple[int, np.ndarr
     return lo, np.arange(lo, hi + 1) * discretization
 
 
+def symmetric_masses(
+    pair: ShuffleGaussianPair, discretization: float, tail: float
+) -> tuple[int, np.ndarray, float]:
+    """Return the masses of :func:`symmetric_pmf`'s PMF, without ``dp_accounting``.
+
+    Args:
+        pair: The dominating pair of one round.
+        discretization: Loss grid step ``d``.
+        tail: Budget of finite delta moved to infinity at the top of the grid.
+
+    Returns:
+        ``(lower, probs, infinity_mass)``: the index of the first grid point, the masses on the
+        grid from there and the mass at infinite loss.
+
+    Raises:
+        ValueError: if the grid would exceed :data:`MAX_GRID_POINTS`.
+    """
+    span = _relevant_span(pair, tail)
+    if span is None:  # everything at infinity
+        return 0, np.zeros(1), 1.0
+    lo, grid = _grid(-span, span, discretization)
+    curve = pair.delta_symmetric(grid)
+    infinity = max(pair.infinity_remove, pair.infinity_add)
+    keep = np.flatnonzero(curve - infinity > tail)
+    top = int(keep[-1]) + 1 if keep.size else -lo
+    bottom = max(0, -2 * lo - top)  # index of -(lo + top) d, the mirror of the top point
+    bottom = min(bottom, max(0, top - 1))
+    return _connect_dots(curve[bottom:], lo + bottom, discretization, tail, infinity)
+
+
 def symmetric_pmf(pair: ShuffleGaussianPair, discretization: float, tail: float) -> pld_pmf.PLDPmf:
     """One PMF whose profile is at least ``max(H(P~ || Q~), H(Q~ || P~))`` at every eps.
 
@@ -147,7 +211,8 @@ def symmetric_pmf(pair: ShuffleGaussianPair, discretization: float, tail: float)
     PMF by pessimistic connect-the-dots. The grid stops above where the finite part of delta is
     below ``tail`` (the rest goes to infinity) and starts at the mirror of that point: below its
     first point a connect-the-dots PMF follows the chord from ``(alpha, delta) = (0, 1)``, which
-    lies above the convex profile, so starting late is pessimistic too.
+    lies above the convex profile, so starting late is pessimistic too. The masses are those of
+    :func:`symmetric_masses`.
 
     Args:
         pair: The dominating pair of one round.
@@ -155,28 +220,31 @@ def symmetric_pmf(pair: ShuffleGaussianPair, discretization: float, tail: float)
         tail: Budget of finite delta moved to infinity at the top of the grid.
 
     Returns:
-        A ``dp_accounting`` PMF to be used for both adjacency directions.
+        A ``dp_accounting`` PMF to be used for both adjacency directions (dense for a single
+        grid point, else as ``dp_accounting``'s ``create_pmf`` chooses).
 
     Raises:
         ValueError: if the grid would exceed :data:`MAX_GRID_POINTS`.
     """
-    span = _relevant_span(pair, tail)
-    if span is None:  # everything at infinity
-        return pld_pmf.DensePLDPmf(discretization, 0, np.zeros(1), 1.0, True)
-    lo, grid = _grid(-span, span, discretization)
-    curve = pair.delta_symmetric(grid)
-    infinity = max(pair.infinity_remove, pair.infinity_add)
-    keep = np.flatnonzero(curve - infinity > tail)
-    top = int(keep[-1]) + 1 if keep.size else -lo
-    bottom = max(0, -2 * lo - top)  # index of -(lo + top) d, the mirror of the top point
-    bottom = min(bottom, max(0, top - 1))
-    return _pmf(curve[bottom:], lo + bottom, discretization, tail, infinity)
+    from dp_accounting.pld import pld_pmf
+
+    lower, probs, infinity = symmetric_masses(pair, discretization, tail)
+    if probs.size == 1:
+        return pld_pmf.DensePLDPmf(discretization, lower, probs, infinity, True)
+    return pld_pmf.create_pmf(
+        loss_probs=dict(zip(range(lower, lower + probs.size), probs, strict=True)),
+        discretization=discretization,
+        infinity_mass=infinity,
+        pessimistic_estimate=True,
+    )
 
 
 @functools.lru_cache(maxsize=32)
 def _cached_pld(
     n: int, sigma: float, rate: float | None, m: int | None, discretization: float, tail: float
 ) -> PrivacyLossDistribution:
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
     pair = shuffle_gaussian_pair(n=n, sigma=sigma, rate=rate, m=m, tail=tail)
     return PrivacyLossDistribution(symmetric_pmf(pair, discretization, tail / 4.0))
 
