@@ -311,6 +311,10 @@ def test_clear_removes_entries_only(cache):
         np.random.default_rng(1).random(5000) ** 8,
         np.random.default_rng(2).dirichlet(np.ones(20000)),
         np.concatenate([np.zeros(100), np.random.default_rng(3).random(3000), np.zeros(7)]),
+        # The largest exponent at index 0 (-0.0 for negative orders) and at the last index.
+        np.array([0.3, 0.0, 0.0, 0.0]),
+        np.array([0.0, 0.0, 0.0, 1e-300]),
+        np.array([0.5, 1e-310, 0.0, 0.25, 0.0]),
     ],
 )
 def test_the_moments_are_scipys_logsumexp_bit_for_bit(probs):

@@ -122,11 +122,56 @@ def _logsumexp(a: np.ndarray, b: np.ndarray, zero: np.ndarray) -> np.float64:
     return np.float64(out[0])
 
 
+def _logsumexp_at(
+    index: np.ndarray, order: float, b: np.ndarray, zero: np.ndarray, top: int
+) -> np.float64:
+    """:func:`_logsumexp` of ``index * order``, whose only largest value where ``b > 0`` is at top.
+
+    The same values with fewer passes over the arrays: the largest term is ``a[top]`` (no
+    search), and its weight ``m``, which :func:`_logsumexp` sums over an indicator (every other
+    product ``b * 0.0`` is ``+0.0``, so every partial sum is ``0`` or ``b[top]``), is
+    ``b[top]``; the terms are computed in place. ``b`` must be finite.
+    """
+    a = index * order
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        a_max = a[top : top + 1].copy()
+        a[zero] = -np.inf
+        a[top] = -np.inf
+        m = b[top : top + 1].copy()
+        terms = np.multiply(b, np.exp(np.subtract(a, a_max, out=a), out=a), out=a)
+        s = np.sum(terms, keepdims=True, dtype=terms.dtype)
+        s = np.where(s == 0, s, s / m)
+        sign = np.sign(s + 1) * np.sign(m)
+        s = np.where(s < -1, -s - 2, s)
+        out = np.log1p(s) + np.log(np.abs(m)) + a_max
+        out[sign < 0] = np.nan
+        if not np.isfinite(out[0]):  # _logsumexp's direct sum, on the same exponents
+            out = np.log(np.sum(b * np.exp(index * order), keepdims=True))
+    return np.float64(out[0])
+
+
 def _log_mgf(probs: np.ndarray, orders: np.ndarray) -> np.ndarray:
-    """``log sum_i probs[i] e^{o i}`` at each order ``o`` (see :func:`_logsumexp`)."""
+    """``log sum_i probs[i] e^{o i}`` at each order ``o`` (see :func:`_logsumexp`).
+
+    ``i o`` is monotone in ``i`` and its values at distinct ``i`` differ (by at least ``|o|``,
+    far above their rounding), so the largest exponent where ``probs > 0`` is at the last such
+    index for ``o > 0`` and at the first for ``o < 0``, and it is the only one:
+    :func:`_logsumexp_at` then gives :func:`_logsumexp`'s values with fewer passes.
+    """
     index = np.arange(probs.size, dtype=float)
     zero = probs == 0
-    return np.array([_logsumexp(index * o, probs, zero) for o in orders])
+    support = np.flatnonzero(~zero)
+    if support.size == 0 or not np.all(np.isfinite(probs)) or probs.size >= 1 << 50:
+        return np.array([_logsumexp(index * o, probs, zero) for o in orders])
+    values = np.empty(orders.size)
+    for k, o in enumerate(orders):
+        if o > 0:
+            values[k] = _logsumexp_at(index, o, probs, zero, int(support[-1]))
+        elif o < 0:
+            values[k] = _logsumexp_at(index, o, probs, zero, int(support[0]))
+        else:
+            values[k] = _logsumexp(index * o, probs, zero)
+    return values
 
 
 class PmfPowers:
