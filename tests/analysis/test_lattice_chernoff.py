@@ -1,6 +1,7 @@
 """The lattice's Chernoff windows evaluate few orders yet choose the scan's, bit for bit."""
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -86,7 +87,8 @@ def test_windows_equal_the_full_scan_on_random_measures(seed, size, spread, n):
     term, step = _random_term(rng, size, spread)
     ch = _Chernoff(term, step, n)
     counts = sorted({int(c) for c in rng.integers(1, max(2, n), 6)} | {1, n})
-    _check(ch, counts, [1e-20, 3.7e-15, 1e-3])
+    with mock.patch.object(chernoff, "_SCAN_RUNS", 0):  # search even these small lattices
+        _check(ch, counts, [1e-20, 3.7e-15, 1e-3])
 
 
 @pytest.mark.parametrize(
@@ -100,9 +102,17 @@ def test_windows_equal_the_full_scan_on_term_lattices(n, rate, sigma, terms):
     step = _lattice_step(a, rate, terms, x_max, 1e-3)[0]
     ch = _Chernoff(_term_lattice(a, rate, x_max, step), step, n)
     counts = [1, 2, 3, 7, 64, 607, terms // 3, terms - 1, terms]
-    _check(ch, counts, [1e-13 / 4 / 34, 1e-18])
+    with mock.patch.object(chernoff, "_SCAN_RUNS", 0):  # n = 1e9 has few runs: search anyway
+        _check(ch, counts, [1e-13 / 4 / 34, 1e-18])
     # The search evaluated a minority of the orders (else it saves nothing).
     assert ch._up.done.sum() + ch._down.done.sum() < 0.5 * 2 * chernoff.ORDERS
+
+
+def test_small_lattices_take_every_order():
+    (offset, masses), step = _random_term(np.random.default_rng(4), 300, 1.0)
+    ch = _Chernoff((offset, masses), step, 1000)
+    _check(ch, [1, 10, 1000], [1e-15])
+    assert ch._up.done.all() and ch._down.done.all()
 
 
 def test_untrusted_measures_take_every_order():
@@ -110,7 +120,8 @@ def test_untrusted_measures_take_every_order():
     (offset, masses), step = _random_term(np.random.default_rng(3), 300, 1.0)
     masses[-1] = 1e-300
     ch = _Chernoff((offset, masses), step, 1000)
-    _check(ch, [1, 10, 1000], [1e-15])
+    with mock.patch.object(chernoff, "_SCAN_RUNS", 0):
+        _check(ch, [1, 10, 1000], [1e-15])
     assert ch._up.done.all() and ch._down.done.all()
 
 

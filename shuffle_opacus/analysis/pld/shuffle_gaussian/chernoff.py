@@ -13,7 +13,8 @@ order chosen, and so the window, is the one the scan of all orders chooses, bit 
 order's moment is computed by the same operations on the same values as in that scan, and the
 lower bounds carry margins far above the floating-point rounding of the moments
 (:func:`_moment_error`). Where the margins cannot be justified (a tiny mass, a huge lattice
-value) or a value is not finite, every order is evaluated, as in the scan.
+value) or a value is not finite, and on a small lattice, every order is evaluated, as in the
+scan.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ _BLOCK = 16
 _SEEDS = np.array([0, 60, 120, 180, 239])
 #: Orders evaluated per refinement of a window's search.
 _BATCH = 2
+#: A tail with at most this many runs computes every order at its first window, like the scan:
+#: each order costs less than the search's own bookkeeping there.
+_SCAN_RUNS = 2048
 #: The moments' error bound is trusted only above this mass and below this lattice value
 #: (with them every term and sum of :meth:`_Moments.fill` is finite).
 _SMALLEST_MASS = 1e-290
@@ -168,7 +172,7 @@ def _first_minimum(
         The index of the scan's ``argmin``.
     """
     size = moments.theta.size
-    if not moments.trusted:
+    if not moments.trusted or moments.mass.size <= _SCAN_RUNS:
         moments.fill_all()
     elif not moments.done.any():
         moments.fill(_SEEDS[_SEEDS < size])
