@@ -95,6 +95,19 @@ def _dense(pmf: pld_pmf.PLDPmf) -> pld_pmf.DensePLDPmf:
     return dense
 
 
+def _scaled_log(s: np.ndarray, m: np.ndarray, a_max: np.ndarray) -> np.ndarray:
+    """``log(m + s) + a_max`` as scipy 1.17's ``logsumexp`` finishes (``nan`` for a negative sum).
+
+    ``s`` is the sum of the scaled terms without the largest, ``m`` the largest one's weight.
+    """
+    s = np.where(s == 0, s, s / m)
+    sign = np.sign(s + 1) * np.sign(m)
+    s = np.where(s < -1, -s - 2, s)
+    out = np.log1p(s) + np.log(np.abs(m)) + a_max
+    out[sign < 0] = np.nan
+    return out
+
+
 def _logsumexp(a: np.ndarray, b: np.ndarray, zero: np.ndarray) -> np.float64:
     """``scipy.special.logsumexp(a, b=b)`` for 1-D float arrays with ``b >= 0``, bit for bit.
 
@@ -112,11 +125,7 @@ def _logsumexp(a: np.ndarray, b: np.ndarray, zero: np.ndarray) -> np.float64:
         m = np.sum(b * i_max.astype(a.dtype), keepdims=True, dtype=a.dtype)
         terms = b * np.exp(a - a_max)
         s = np.sum(terms, keepdims=True, dtype=terms.dtype)
-        s = np.where(s == 0, s, s / m)
-        sign = np.sign(s + 1) * np.sign(m)
-        s = np.where(s < -1, -s - 2, s)
-        out = np.log1p(s) + np.log(np.abs(m)) + a_max
-        out[sign < 0] = np.nan
+        out = _scaled_log(s, m, a_max)
         if not np.isfinite(out[0]):
             out = np.log(np.sum(b * np.exp(original), keepdims=True))
     return np.float64(out[0])
@@ -140,11 +149,7 @@ def _logsumexp_at(
         m = b[top : top + 1].copy()
         terms = np.multiply(b, np.exp(np.subtract(a, a_max, out=a), out=a), out=a)
         s = np.sum(terms, keepdims=True, dtype=terms.dtype)
-        s = np.where(s == 0, s, s / m)
-        sign = np.sign(s + 1) * np.sign(m)
-        s = np.where(s < -1, -s - 2, s)
-        out = np.log1p(s) + np.log(np.abs(m)) + a_max
-        out[sign < 0] = np.nan
+        out = _scaled_log(s, m, a_max)
         if not np.isfinite(out[0]):  # _logsumexp's direct sum, on the same exponents
             out = np.log(np.sum(b * np.exp(index * order), keepdims=True))
     return np.float64(out[0])
