@@ -6,12 +6,18 @@ rounds into it, extends it hypothetically to more rounds, saves and loads it in 
 accountants' ``state_dict`` has always used (the list itself), and answers epsilon through
 :func:`shuffle_opacus.accounting.history.history_epsilon`, the one path from a history to epsilon,
 keeping the last few results. The Opacus accountants (:mod:`.accountant_core`), the Flower
-strategies (:mod:`.flower.checkin_base`) and the experiment's curves use it. It does not import
-torch.
+accountant (:mod:`.flower.accounting`, whose ledger is also its strategy's) and the experiment's
+curves use it. It does not import torch.
+
+A ledger may hold noiseless rounds (noise multiplier 0, which only the Flower accountant
+records): :attr:`RoundLedger.rounds` counts them, and :meth:`RoundLedger.trivial_epsilon` says
+that epsilon is then infinite, where no analysis applies. The analyses and :func:`read_history`
+refuse them, so an Opacus accountant never holds one.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from copy import deepcopy
 
@@ -102,26 +108,47 @@ class RoundLedger:
         self.cache_size = check_int("cache_size", cache_size, minimum=0)
         self._results: dict[tuple[object, ...], EpsilonResult] = {}
 
-    def record(self, noise_multiplier: float, sample_rate: float) -> None:
-        """Record one round, merged into the last entry when its settings are equal.
+    def record(self, noise_multiplier: float, sample_rate: float, count: int = 1) -> None:
+        """Record ``count`` rounds, merged into the last entry when its settings are equal.
 
         The values are stored as given; the caller validates them (an accountant's
-        ``step`` does).
+        ``step`` or ``compose`` does).
 
         Args:
-            noise_multiplier: The round's noise multiplier.
-            sample_rate: The round's sample rate.
+            noise_multiplier: The rounds' noise multiplier.
+            sample_rate: The rounds' sample rate.
+            count: How many identical rounds (1 by default).
         """
         entries = self.entries
         if entries and entries[-1][:2] == (noise_multiplier, sample_rate):
-            entries[-1] = (noise_multiplier, sample_rate, entries[-1][2] + 1)
+            entries[-1] = (noise_multiplier, sample_rate, entries[-1][2] + count)
         else:
-            entries.append((noise_multiplier, sample_rate, 1))
+            entries.append((noise_multiplier, sample_rate, count))
 
     @property
     def rounds(self) -> int:
-        """Rounds the entries hold (their ``steps`` summed, unchecked)."""
+        """Rounds the entries hold, noiseless ones included (their ``steps`` summed, unchecked)."""
         return int(sum(steps for _, _, steps in self.entries))
+
+    def trivial_epsilon(self, history: Sequence[HistoryEntry] | None = None) -> float | None:
+        """Return epsilon where no analysis is needed: 0 for no round, ``inf`` for a noiseless one.
+
+        A round of noise multiplier 0 releases what it was given: no finite epsilon holds after
+        it, whatever came before or comes after.
+
+        Args:
+            history: Entries to use instead of the held ones (e.g. from :meth:`extended`).
+
+        Returns:
+            ``0.0`` when the entries hold no round, ``math.inf`` when one of their rounds has
+            noise multiplier 0, else ``None`` (then :meth:`epsilon` answers).
+        """
+        entries = self.entries if history is None else history
+        if not any(steps for _, _, steps in entries):
+            return 0.0
+        if any(steps and noise == 0.0 for noise, _, steps in entries):
+            return math.inf
+        return None
 
     def checked(self) -> list[HistoryEntry]:
         """Return the entries validated (see :func:`read_history`), named by :attr:`name`.

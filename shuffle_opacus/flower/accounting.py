@@ -6,8 +6,10 @@ Flower 1.42 defines a ``PrivacyAccountant`` protocol (``flwr.supercore.privacy_a
 Gaussian only. :class:`ShuffleCheckInAccountant` has the same members and accounts
 :class:`ShuffleCheckInEvent` rounds (locally noised reports of the nodes that checked in, seen
 as an anonymous multiset or as their sum) under replace-one adjacency of one node, by the tight
-method (``pld``, resting on Theorem 1's pair) or the proven one. It needs no flwr module, so it
-works with flwr 1.41 and 1.42; the strategies of :mod:`.checkin_base` keep one.
+method (``pld``, resting on Theorem 1's pair) or the proven one. Its rounds are a
+:class:`~shuffle_opacus.accounting.ledger.RoundLedger` (noiseless rounds included). It needs no
+flwr module, so it works with flwr 1.41 and 1.42; the strategies of :mod:`.checkin_base` keep
+one, built over their ledger: a round composed into it is the strategy's round, once.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..accounting.history import HistoryEntry, history_epsilon
+from ..accounting.ledger import HistoryEntry, RoundLedger
 from ..accounting.protocols import get_protocol, resolve_sensitivity, sensitivity_assumptions
 from ..analysis.epsilon import proven_note
+from ..analysis.rdp.conversion import EpsilonResult
 from ..common.validation import check_delta, check_int, check_positive, check_probability
 
 __all__ = [
@@ -174,19 +177,26 @@ class ShuffleCheckInAccountant:
 
     Args:
         config: A :class:`ShuffleAccountingConfig`.
+        ledger: The ledger to compose into (a strategy passes its own, so that its rounds have
+            one history); a new, empty one by default.
 
     Raises:
         ValueError: when ``config`` is not a :class:`ShuffleAccountingConfig`.
+
+    Attributes:
+        ledger: The composed rounds, a :class:`~shuffle_opacus.accounting.ledger.RoundLedger`
+            of ``(noise_multiplier, rate, count)`` entries (noiseless rounds included; every
+            event's population is the configuration's), which also keeps the last few results.
     """
 
-    def __init__(self, config: ShuffleAccountingConfig) -> None:
+    def __init__(self, config: ShuffleAccountingConfig, ledger: RoundLedger | None = None) -> None:
         if not isinstance(config, ShuffleAccountingConfig):
             raise ValueError(
                 "config must be a ShuffleAccountingConfig (Flower's PrivacyConfig cannot state "
                 f"check-in under replace-one). Found {type(config).__name__}."
             )
         self._config = config
-        self._compositions: list[tuple[ShuffleCheckInEvent, int]] = []
+        self.ledger = RoundLedger() if ledger is None else ledger
 
     @property
     def config(self) -> ShuffleAccountingConfig:
@@ -196,7 +206,7 @@ class ShuffleCheckInAccountant:
     @property
     def num_releases(self) -> int:
         """Rounds composed so far."""
-        return sum(count for _, count in self._compositions)
+        return self.ledger.rounds
 
     def _check_event(self, event: object, count: int) -> ShuffleCheckInEvent:
         if not isinstance(event, ShuffleCheckInEvent):
@@ -214,36 +224,76 @@ class ShuffleCheckInAccountant:
         return event
 
     def compose(self, event: ShuffleCheckInEvent, count: int = 1) -> None:
-        """Account ``count`` rounds of ``event``.
+        """Account ``count`` rounds of ``event`` (merged with the last ones if they are equal).
 
         Raises:
             ValueError: for an event of another type or population, or ``count < 1``.
         """
         event = self._check_event(event, count)
-        if self._compositions and self._compositions[-1][0] == event:
-            self._compositions[-1] = (event, self._compositions[-1][1] + count)
-        else:
-            self._compositions.append((event, count))
+        self.ledger.record(event.noise_multiplier, event.rate, count)
 
-    def _history(self, extra: tuple[ShuffleCheckInEvent, int] | None = None) -> list[HistoryEntry]:
-        entries = [*self._compositions, *([extra] if extra else [])]
-        return [(e.noise_multiplier, e.rate, c) for e, c in entries]
+    def _history(self, then: tuple[ShuffleCheckInEvent, int] | None) -> tuple[HistoryEntry, ...]:
+        """Return the entries, then ``then``'s rounds as one more entry (never merged)."""
+        if then is None:
+            return tuple(self.ledger.entries)
+        event, count = self._check_event(*then), then[1]
+        return (*self.ledger.entries, (event.noise_multiplier, event.rate, count))
 
-    def _spent(self, delta: float, history: list[HistoryEntry]) -> PrivacySpent:
-        delta = check_delta(delta)
-        rounds = sum(c for _, _, c in history)
-        method = self._config.method
+    def _analysis(
+        self, delta: float, history: tuple[HistoryEntry, ...], method: str | None
+    ) -> EpsilonResult:
+        """Return the result of ``history`` (no trivial ε) by ``method``, kept by the ledger.
+
+        The proven method is taken under replace-one adjacency, any other under the
+        configuration's sensitivity.
+        """
         sensitivity = "replace-one" if method == "proven" else self._config.sensitivity
-        if rounds == 0 or any(noise == 0.0 for noise, _, _ in history):
-            return self._record(0.0 if rounds == 0 else math.inf, delta, rounds, method, None)
-        result = history_epsilon(
-            history,
-            protocol="checkin",
+        return self.ledger.epsilon(
+            history=history,
+            protocol=_CHECKIN,
             delta=delta,
             population=self._config.population_size,
             sensitivity=sensitivity,
             method=method,
         )
+
+    def epsilon_result(
+        self,
+        delta: float | None = None,
+        *,
+        proven: bool = False,
+        then: tuple[ShuffleCheckInEvent, int] | None = None,
+    ) -> EpsilonResult | None:
+        """Return the analysis of the rounds composed, or ``None`` where none is needed.
+
+        Args:
+            delta: Target δ; ``config.target_delta`` by default.
+            proven: Use the method ``proven`` (replace-one adjacency whatever the configured
+                sensitivity) instead of ``config.method``.
+            then: ``(event, count)``: also count that many rounds of ``event`` after those
+                composed (nothing is composed).
+
+        Returns:
+            :func:`~shuffle_opacus.history_epsilon`'s result (the last few are kept), or
+            ``None`` for no round (ε = 0) or a noiseless one (ε = ``inf``).
+
+        Raises:
+            ValueError: for ``delta`` outside ``(0, 1)``, or a bad event or count.
+        """
+        delta = check_delta(self._config.target_delta if delta is None else delta)
+        history = self._history(then)
+        if self.ledger.trivial_epsilon(history) is not None:
+            return None
+        return self._analysis(delta, history, "proven" if proven else self._config.method)
+
+    def _spent(self, delta: float, history: tuple[HistoryEntry, ...]) -> PrivacySpent:
+        delta = check_delta(delta)
+        rounds = sum(c for _, _, c in history)
+        method = self._config.method
+        fixed = self.ledger.trivial_epsilon(history)
+        if fixed is not None:  # no round, or a noiseless one
+            return self._record(fixed, delta, rounds, method, None)
+        result = self._analysis(delta, history, method)
         note = result.note
         if result.details and result.method == "proven":
             note = proven_note(dict(result.details))
@@ -276,7 +326,7 @@ class ShuffleCheckInAccountant:
         Raises:
             ValueError: for ``delta`` outside ``(0, 1)``.
         """
-        return self._spent(delta, self._history()).epsilon
+        return self._spent(delta, self._history(None)).epsilon
 
     def get_delta(self, epsilon: float) -> float:
         """Return the smallest δ (to 1 %) at which the rounds composed are ``(epsilon, δ)``-DP.
@@ -293,7 +343,7 @@ class ShuffleCheckInAccountant:
             raise ValueError(f"epsilon must be a finite float >= 0. Found {epsilon!r}.")
         if not (math.isfinite(epsilon) and epsilon >= 0):
             raise ValueError(f"epsilon must be a finite float >= 0. Found {epsilon!r}.")
-        history = self._history()
+        history = self._history(None)
         if self.num_releases == 0:
             return 0.0
 
@@ -331,7 +381,8 @@ class ShuffleCheckInAccountant:
 
     def get_privacy_spent(self, delta: float | None = None) -> PrivacySpent:
         """Return ε at ``delta`` (default: ``config.target_delta``) with what it rests on."""
-        return self._spent(self._config.target_delta if delta is None else delta, self._history())
+        delta = self._config.target_delta if delta is None else delta
+        return self._spent(delta, self._history(None))
 
     def would_exceed(
         self, event: ShuffleCheckInEvent, max_epsilon: float | None = None, count: int = 1
@@ -343,7 +394,7 @@ class ShuffleCheckInAccountant:
         Raises:
             ValueError: without a budget (here or in the configuration), or a bad event.
         """
-        event = self._check_event(event, count)
+        self._check_event(event, count)
         limit = self._config.max_epsilon if max_epsilon is None else max_epsilon
         if limit is None:
             raise ValueError("max_epsilon must be given here or in the configuration. Found None.")
@@ -369,20 +420,21 @@ class ShuffleCheckInAccountant:
             "compositions": [
                 {
                     "event": {
-                        "noise_multiplier": e.noise_multiplier,
-                        "rate": e.rate,
-                        "population_size": e.population_size,
+                        "noise_multiplier": noise,
+                        "rate": rate,
+                        "population_size": c.population_size,
                     },
                     "count": n,
                 }
-                for e, n in self._compositions
+                for noise, rate, n in self.ledger.entries
             ],
         }
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Restore :meth:`state_dict`'s output; the configuration must be this one's.
 
-        Nothing changes unless the whole state is valid.
+        Nothing changes unless the whole state is valid. The rounds replace the entries of
+        :attr:`ledger` (the same object, so a strategy that shares it sees them).
 
         Raises:
             ValueError: for another schema, backend or configuration, or a bad composition.
@@ -403,7 +455,7 @@ class ShuffleCheckInAccountant:
         raw = state.get("compositions")
         if not isinstance(raw, list):
             raise ValueError(f"state['compositions'] must be a list. Found {type(raw).__name__}.")
-        restored: list[tuple[ShuffleCheckInEvent, int]] = []
+        restored: list[HistoryEntry] = []
         for i, item in enumerate(raw):
             try:
                 event = ShuffleCheckInEvent(**item["event"])
@@ -411,5 +463,5 @@ class ShuffleCheckInAccountant:
                 self._check_event(event, count)
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"state['compositions'][{i}] is not valid: {exc}") from None
-            restored.append((event, count))
-        self._compositions = restored
+            restored.append((event.noise_multiplier, event.rate, count))
+        self.ledger.entries = restored  # the same ledger: a strategy's history follows
