@@ -25,21 +25,21 @@ from shuffle_opacus.flower import (  # noqa: E402
     ShufflePrivacyConfig,
 )
 
-N, RATE, NOISE, DELTA = 10, 0.5, 2.0, 1e-5
+N, RATE, NOISE, DELTA = 100, 0.5, 2.0, 1e-5
 
 #: ``strategy.accountant.state_dict()`` as the code before the one ledger saved it (main at
-#: b959744): three rounds of a ShuffleCheckInFedAvg(n = 10, sigma = 2, gamma = 0.5, budget 40)
+#: b959744): three rounds of a ShuffleCheckInFedAvg(n = 100, sigma = 2, gamma = 0.5, budget 40)
 #: and two rounds at sigma = 3 composed into its accountant directly.
 OLD_STATE = json.loads(
     '{"backend": "shuffle_opacus.checkin", "compositions": [{"count": 3, "event": '
-    '{"noise_multiplier": 2.0, "population_size": 10, "rate": 0.5}}, {"count": 2, "event": '
-    '{"noise_multiplier": 3.0, "population_size": 10, "rate": 0.5}}], "config": '
+    '{"noise_multiplier": 2.0, "population_size": 100, "rate": 0.5}}, {"count": 2, "event": '
+    '{"noise_multiplier": 3.0, "population_size": 100, "rate": 0.5}}], "config": '
     '{"max_epsilon": 40.0, "method": null, "neighboring_relation": "replace-one", '
-    '"population_size": 10, "sampling_method": "poisson", "sensitivity": 2.0, '
+    '"population_size": 100, "sampling_method": "poisson", "sensitivity": 2.0, '
     '"target_delta": 1e-05}, "schema_version": 1}'
 )
 #: ``get_epsilon(1e-5)`` of that accountant then (the same code, the same commit).
-OLD_EPSILON = 3.0582458646957074
+OLD_EPSILON = 0.8087359514937411
 
 
 def _privacy(noise: float = NOISE, rate: float = RATE) -> ShufflePrivacyConfig:
