@@ -79,7 +79,7 @@ def test_flwr_run_simulation_both_modes(tmp_path):
     whole number of nodes and the model moved exactly when some node checked in. ε of every
     round is the check-in accountant's with population 4.
     """
-    nodes, rate, sigma = 4, 0.5, 1.0
+    nodes, rate, sigma = 4, 0.5, 1.5  # the accountant's setting of test_strategy.py (cached)
     out = tmp_path / "out"
     out.mkdir()
     config = {
@@ -150,7 +150,7 @@ def test_flwr_run_simulation_both_modes(tmp_path):
 
 @pytest.mark.parametrize("mode", ["trusted-server", "secagg"])
 def test_mnist_app_in_process(tmp_path, monkeypatch, mode):
-    """The MNIST app's ServerApp and ClientApp, 20 nodes × 4 images, 2 rounds, in-process.
+    """The MNIST app's ServerApp and ClientApp, 4 nodes × 4 images, 2 rounds, in-process.
 
     Checks the run directory the ServerApp writes (``rounds.csv`` with ε equal to
     ``history_epsilon`` after every round, ``summary.json``) and that the training loss the
@@ -167,7 +167,8 @@ def test_mnist_app_in_process(tmp_path, monkeypatch, mode):
     from shuffle_opacus.flower import InProcessGrid
 
     defaults = tomllib.loads((MNIST_APP / "pyproject.toml").read_text())
-    nodes, rate, sigma = 20, 0.5, 1.0
+    # The accountant's setting of the ``flwr run`` above (the session's cache keeps it).
+    nodes, rate, sigma = 4, 0.5, 1.5
     config = {
         **defaults["tool"]["flwr"]["app"]["config"],
         "mode": mode,
@@ -227,19 +228,22 @@ def test_mnist_app_evaluates_the_last_round(tmp_path, monkeypatch, budget):
 
     from shuffle_opacus.flower import InProcessGrid
 
+    # The accountant's setting of the ``flwr run`` above (the session's cache keeps it).
+    nodes, rate, sigma = 4, 0.5, 1.5
+
     def epsilon(rounds):
         return history_epsilon(
-            [(1.0, 0.5, rounds)], protocol="checkin", delta=1e-5, population=3
+            [(sigma, rate, rounds)], protocol="checkin", delta=1e-5, population=nodes
         ).epsilon
 
     config = {
         **tomllib.loads((MNIST_APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"][
             "config"
         ],
-        "num-nodes": 3,
+        "num-nodes": nodes,
         "examples-per-node": 4,
-        "rate": 0.5,
-        "noise-multiplier": 1.0,
+        "rate": rate,
+        "noise-multiplier": sigma,
         "num-server-rounds": 3,
         "evaluate-every": 5,
         "test-examples": 20,
@@ -248,7 +252,8 @@ def test_mnist_app_evaluates_the_last_round(tmp_path, monkeypatch, budget):
         "max-epsilon": (epsilon(1) + epsilon(2)) / 2 if budget else float("inf"),
     }
     server_app(
-        InProcessGrid(client_app, 3, run_config=config), Context(5, 0, {}, RecordDict(), config)
+        InProcessGrid(client_app, nodes, run_config=config),
+        Context(5, 0, {}, RecordDict(), config),
     )
     with (tmp_path / "run-5" / "rounds.csv").open() as fh:
         rows = list(csv.DictReader(fh))
