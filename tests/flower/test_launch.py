@@ -15,6 +15,7 @@ Ray) is stopped by its process id afterwards; the test fails if one is left. The
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import sys
 import time
@@ -164,6 +165,8 @@ def test_mnist_app_in_process(tmp_path, monkeypatch, mode):
     from flower_mnist.server_app import app as server_app
     from flwr.app import Context, RecordDict
 
+    monkeypatch.setattr("flower_mnist.task.load_mnist", _random_mnist)
+
     from shuffle_opacus.flower import InProcessGrid
 
     defaults = tomllib.loads((MNIST_APP / "pyproject.toml").read_text())
@@ -226,6 +229,8 @@ def test_mnist_app_evaluates_the_last_round(tmp_path, monkeypatch, budget):
     from flower_mnist.server_app import app as server_app
     from flwr.app import Context, RecordDict
 
+    monkeypatch.setattr("flower_mnist.task.load_mnist", _random_mnist)
+
     from shuffle_opacus.flower import InProcessGrid
 
     # The accountant's setting of the ``flwr run`` above (the session's cache keeps it).
@@ -275,6 +280,27 @@ def test_mnist_app_evaluates_the_last_round(tmp_path, monkeypatch, budget):
     assert proven_g["method"] == "proven" and proven_g["sensitivity"] == 2.0
     assert summary["final_test_accuracy"] == float(rows[last]["test-accuracy"])
     assert (summary["stop_reason"] is not None) == budget
+
+
+@functools.cache
+def _random_mnist():
+    """Random bytes and digits in MNIST's shapes, for the app's runs above: they use 4 images a
+    node and at most 100 test images, and check no accuracy. Reading the real file took 1.5 s a
+    process (17 MB to decompress); tests/experiments/test_data.py covers the loader."""
+    import numpy as np
+    from shuffle_experiments.data import MnistArrays
+
+    rng = np.random.default_rng(0)
+    arrays = MnistArrays(
+        train_images=rng.integers(0, 256, size=(60_000, 28, 28), dtype=np.uint8),
+        train_labels=rng.integers(0, 10, size=60_000),
+        test_images=rng.integers(0, 256, size=(100, 28, 28), dtype=np.uint8),
+        test_labels=rng.integers(0, 10, size=100),
+        source="random (tests/flower/test_launch.py)",
+    )
+    for array in (arrays.train_images, arrays.train_labels, arrays.test_images, arrays.test_labels):
+        array.setflags(write=False)  # shared by every run, as load_mnist's cache is
+    return arrays
 
 
 def _wrap(app, outer):

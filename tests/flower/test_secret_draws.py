@@ -82,7 +82,8 @@ def test_a_seeded_trusted_server_mod_draws_from_numpy_alone(draws):
 
 
 def test_the_secagg_mod_flips_its_coin_and_draws_its_noise_from_the_os(monkeypatch):
-    """A round of three nodes without a seed: every node's generator is the OS's."""
+    """A round of four nodes without a seed: every node's generator is the OS's (four nodes at
+    σ = 1, γ = 1: the proven epsilon of the last round is that of test_strategy.py, cached)."""
     monkeypatch.setattr(secagg_mod_module, "_SLEEP", lambda seconds: None)
     seen: list = []
     real = SecAggCheckInMod._draw
@@ -94,9 +95,9 @@ def test_the_secagg_mod_flips_its_coin_and_draws_its_noise_from_the_os(monkeypat
 
     monkeypatch.setattr(SecAggCheckInMod, "_draw", spy)
     mod = SecAggCheckInMod(min_noise_multiplier=0.0, reply_after=30.0)
-    grid = InProcessGrid(numpy_app(shift_update(0.04), mod=mod), 3)
-    SecAggCheckInFedAvg(privacy=privacy(), num_nodes=3).start(grid, model(), num_rounds=1)
-    assert seen == [(SecureGenerator, True)] * 3  # rate 1: every coin is heads
+    grid = InProcessGrid(numpy_app(shift_update(0.04), mod=mod), 4)
+    SecAggCheckInFedAvg(privacy=privacy(), num_nodes=4).start(grid, model(), num_rounds=1)
+    assert seen == [(SecureGenerator, True)] * 4  # rate 1: every coin is heads
     seeded = SecAggCheckInMod(min_noise_multiplier=0.0, reply_after=30.0, seed=1)
     assert isinstance(seeded._draw(context(0, 3), 0.5, 1)[0], np.random.Generator)
 
