@@ -91,18 +91,17 @@ def _central_checkin_delta(eps: float, *, n: int, rate: float, sigma: float) -> 
     tail difference at the crossing point.
     """
     alpha = math.exp(eps)
-    total = 0.0
-    for k in range(n + 1):
-        weight = binom.pmf(k, n, rate)
-        q = k / n
-        if k == 0 or alpha <= 1.0 - q:
-            total += weight * max(0.0, 1.0 - alpha)
-            continue
-        sd = sigma * math.sqrt(k)
-        x = sd**2 * math.log((alpha - (1.0 - q)) / q) + 0.5
-        value = (1 - q) * norm.sf(x / sd) + q * norm.sf((x - 1.0) / sd) - alpha * norm.sf(x / sd)
-        total += weight * max(0.0, value)
-    return total
+    k = np.arange(n + 1)
+    weight = binom.pmf(k, n, rate)
+    q = k / n
+    # k = 0, or alpha <= 1 - q: the ratio never exceeds alpha; the hinge is (1 - alpha)_+.
+    flat = (k == 0) | (alpha <= 1.0 - q)
+    total = float(np.sum(weight[flat])) * max(0.0, 1.0 - alpha)
+    k, weight, q = k[~flat], weight[~flat], q[~flat]
+    sd = sigma * np.sqrt(k)
+    x = sd**2 * np.log((alpha - (1.0 - q)) / q) + 0.5
+    value = (1 - q) * norm.sf(x / sd) + q * norm.sf((x - 1.0) / sd) - alpha * norm.sf(x / sd)
+    return total + float(np.sum(weight * np.maximum(0.0, value)))
 
 
 @pytest.mark.parametrize(("n", "rate", "sigma"), [(40, 0.3, 1.0), (200, 0.1, 0.8), (500, 1.0, 2.0)])
@@ -129,10 +128,13 @@ def test_full_shuffle_never_below_the_central_gaussian(n, sigma, steps):
 @pytest.mark.parametrize(
     ("mechanism", "kwargs", "steps"),
     [
+        # The paper's setting; the other three compose 20 rounds (the cost of the PLD's
+        # composition grows with the rounds: 200 and 100 rounds took 3.2 and 3.5 s, 20 take
+        # 0.9 and 1.7 s; the bound holds at every round count).
         ("checkin", {"n": 60000, "rate": 0.1, "sigma": 5.0}, 5540),
-        ("checkin", {"n": 2000, "rate": 0.05, "sigma": 0.8}, 200),
+        ("checkin", {"n": 2000, "rate": 0.05, "sigma": 0.8}, 20),
         ("shuffle", {"n": 50, "sigma": 1.5}, 20),
-        ("subsampled", {"n": 5000, "m": 100, "sigma": 1.0}, 100),
+        ("subsampled", {"n": 5000, "m": 100, "sigma": 1.0}, 20),
     ],
 )
 def test_never_above_the_rdp_bound(mechanism, kwargs, steps):
