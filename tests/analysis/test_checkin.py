@@ -1,6 +1,10 @@
 """Shuffled check-in: the three methods, their ordering, Monte Carlo and central floors."""
 
+import functools
+import importlib.util
 import math
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,11 +164,28 @@ def test_wang_bound_recovers_theorem2_formula():
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
+@functools.cache
+def _opacus_compute_rdp() -> Callable[..., np.ndarray]:
+    """Opacus's ``compute_rdp``, its module opacus/accountants/analysis/rdp.py loaded alone.
+
+    That module imports only math, warnings, typing, numpy and scipy; ``import opacus`` would
+    load torch first (3-5 s of this file's time, for nothing this reference uses).
+    """
+    spec = importlib.util.find_spec("opacus")  # locates the package without running it
+    assert spec is not None and spec.submodule_search_locations
+    path = Path(spec.submodule_search_locations[0], "accountants", "analysis", "rdp.py")
+    module_spec = importlib.util.spec_from_file_location("_opacus_rdp_analysis", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.compute_rdp
+
+
 @pytest.mark.parametrize(("q", "s"), [(0.1, 387.3), (0.01, 1.1), (1.0, 2.0), (0.3, 0.7)])
 def test_central_reference_matches_mpmath_and_opacus(q, s):
     import mpmath as mp
-    from opacus.accountants.analysis.rdp import compute_rdp
 
+    compute_rdp = _opacus_compute_rdp()
     orders = np.arange(2, 120)
     got = poisson_subsampled_gaussian_rdp(rate=q, sigma=s, orders=orders)
     with mp.workdps(50):
