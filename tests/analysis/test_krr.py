@@ -1,9 +1,10 @@
 """Shuffled k-randomised response against the strong and weak adversaries (arXiv:2106.00477 §4, C).
 
-Oracle: exact enumeration (``fractions.Fraction``) of every full view of the adversary --
-inputs of users 1..n-1, the beta vector it knows, and the multiset of shuffled reports -- for
-tiny n, with the hockey-stick divergences computed from those masses. It shares no code with
-the module (no sufficient statistic, no multinomial formula, no truncation).
+Oracle: exact enumeration (integer masses over a common denominator, rounded to floats once)
+of every full view of the adversary -- inputs of users 1..n-1, the beta vector it knows, and the
+multiset of shuffled reports -- for tiny n, with the hockey-stick divergences computed from those
+masses. It shares no code with the module (no sufficient statistic, no multinomial formula, no
+truncation).
 """
 
 from __future__ import annotations
@@ -41,35 +42,54 @@ def _inputs(n: int, k: int, pattern: str) -> tuple[int, ...]:
 
 
 @cache
+def _strong_views(
+    n: int, k: int, gamma: Fraction, inputs: tuple[int, ...]
+) -> tuple[dict[object, list[int]], int]:
+    """Exact masses of every strong-adversary view under X (x_n = 1) and X' (x_n = 2).
+
+    With gamma = a/b, a report's mass is 1 - gamma = k (b - a) / (b k) (kept) or gamma / k =
+    a / (b k) (each value drawn): every view's mass is an integer over ``(b k)^n``. Returns the
+    integer numerators ``[under X, under X']`` of each view (beta, sorted reports) and ``(b k)^n``.
+    """
+    a, b = gamma.numerator, gamma.denominator
+    kept, drawn = k * (b - a), a
+    views: dict[object, list[int]] = defaultdict(lambda: [0, 0])
+    for which, last in enumerate((1, 2)):
+        options = []
+        for x in (*inputs, last):
+            opts = [(0, x, kept)] + [(1, y, drawn) for y in range(1, k + 1)]
+            options.append([o for o in opts if o[2] > 0])
+        for combo in itertools.product(*options):
+            beta = tuple(c[0] for c in combo)
+            reports = tuple(sorted(c[1] for c in combo))
+            views[(beta, reports)][which] += math.prod(c[2] for c in combo)
+    return dict(views), (b * k) ** n
+
+
+@cache
 def brute_views(
     n: int, k: int, gamma: Fraction, inputs: tuple[int, ...], adversary: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exact masses of every view under X (x_n = 1) and X' (x_n = 2).
 
     Returns float arrays ``(p, q, beta_n_zero)`` over the union of the supports; the last marks
-    the views whose (known) beta_n is 0, for the strong adversary.
+    the views whose (known) beta_n is 0, for the strong adversary. The weak adversary's view is
+    the strong one without beta_n: its masses are sums of the strong ones, exactly.
     """
-    views: dict[object, list[Fraction]] = defaultdict(lambda: [Fraction(0), Fraction(0)])
-    for which, last in enumerate((1, 2)):
-        xs = (*inputs, last)
-        options = []
-        for x in xs:
-            opts = [(0, x, 1 - gamma)] + [(1, y, gamma / k) for y in range(1, k + 1)]
-            options.append([o for o in opts if o[2] > 0])
-        for combo in itertools.product(*options):
-            mass = Fraction(1)
-            for _, _, pr in combo:
-                mass *= pr
-            beta = tuple(c[0] for c in combo)
-            if adversary == "weak":
-                beta = beta[:-1]
-            views[(beta, tuple(sorted(c[1] for c in combo)))][which] += mass
+    strong, denominator = _strong_views(n, k, gamma, inputs)
+    if adversary == "weak":
+        views: dict[object, list[int]] = defaultdict(lambda: [0, 0])
+        for (beta, reports), (under_x, under_x_prime) in strong.items():
+            views[(beta[:-1], reports)][0] += under_x
+            views[(beta[:-1], reports)][1] += under_x_prime
+    else:
+        views = strong
     keys = list(views)
-    p = np.array([float(views[v][0]) for v in keys])
-    q = np.array([float(views[v][1]) for v in keys])
+    p = np.array([float(Fraction(views[v][0], denominator)) for v in keys])
+    q = np.array([float(Fraction(views[v][1], denominator)) for v in keys])
     zero = np.array([adversary == "strong" and v[0][-1] == 0 for v in keys])
-    assert abs(sum(views[v][0] for v in keys) - 1) == 0
-    assert abs(sum(views[v][1] for v in keys) - 1) == 0
+    assert sum(views[v][0] for v in keys) == denominator
+    assert sum(views[v][1] for v in keys) == denominator
     return p, q, zero
 
 
