@@ -160,11 +160,12 @@ def test_gaussian_result_spends_exactly_the_budget_it_claims(method):
 
 
 def test_gaussian_numerical_beats_closed_form_and_falls_with_n():
-    # n = 20,000 is the setting of the test above, whose numerical result is reused (cached).
-    values = [_clones_gaussian(n=n, sigma=3.0, delta=1e-6).epsilon for n in (2000, 20_000, 50_000)]
+    # n = 20,000 is the setting of the test above, whose numerical result is reused (cached); the
+    # bound's cost grows with n (0.6 s at 2,000 and 5,000, 2 s at 200,000).
+    values = [_clones_gaussian(n=n, sigma=3.0, delta=1e-6).epsilon for n in (2000, 5000, 20_000)]
     assert values[0] > values[1] > values[2] > 0
     closed = clones_gaussian(n=20_000, sigma=3.0, delta=1e-6, method="closed-form").epsilon
-    assert values[1] < closed
+    assert values[2] < closed
 
 
 def test_gaussian_never_worse_than_one_report():
