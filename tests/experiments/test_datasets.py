@@ -34,6 +34,8 @@ from shuffle_experiments.sweep import load_sweep
 from shuffle_opacus import history_epsilon
 from shuffle_opacus.engine.release_registry import SharedCoinsWarning
 
+from .conftest import SMALL_TEST, SMALL_TRAIN
+
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN, TEST, FEATURES, CLASSES = 300, 60, 6, 3
 
@@ -145,6 +147,30 @@ def test_mnist_entry_gives_the_previous_tensors_bit_for_bit(overrides):
             mine.shape,
             mine.is_contiguous(),
         )
+        if old.dtype == torch.float32:  # compare the bits, not the values
+            old, mine = old.view(torch.int32), mine.view(torch.int32)
+        assert torch.equal(old, mine)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["data.normalize=unit"], ["data.train_subset=400", "data.test_subset=100"]],
+    ids=["smoke", "unit", "fewer"],
+)
+def test_small_mnist_gives_the_tensors_of_the_full_copy(small_mnist, overrides):
+    # The other tests' runs read the small pickle of conftest.small_mnist in place of the
+    # installed MNIST: the same tensors, bit for bit, for the images they use.
+    full = load_config(ROOT / "configs" / "smoke.yaml", overrides)
+    assert full.data.source == "auto" and full.data.train_subset <= SMALL_TRAIN
+    assert full.data.test_subset is not None and full.data.test_subset <= SMALL_TEST
+    small = load_config(ROOT / "configs" / "smoke.yaml", [*small_mnist, *overrides])
+    assert small.data.source == "pickle"
+    new = dataset_tensors(small.data)
+    assert (new.input_shape, new.num_classes, new.train_client) == ((1, 28, 28), 10, None)
+    for old, mine in zip(
+        previous_tensors(full), (new.train_x, new.train_y, new.test_x, new.test_y), strict=True
+    ):
+        assert (old.dtype, old.shape) == (mine.dtype, mine.shape)
         if old.dtype == torch.float32:  # compare the bits, not the values
             old, mine = old.view(torch.int32), mine.view(torch.int32)
         assert torch.equal(old, mine)
