@@ -14,7 +14,6 @@ from __future__ import annotations
 import builtins
 import csv
 import errno
-import gzip
 import io
 import json
 import os
@@ -29,14 +28,12 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import yaml
 from shuffle_experiments import checkpoint, runner
 from shuffle_experiments.cli import main
 from shuffle_experiments.config import ConfigDeprecationWarning, ConfigError, load_config
-from shuffle_experiments.data import load_mnist
 
 from shuffle_opacus.common.provenance import config_hash
 
@@ -48,7 +45,10 @@ SMALL = [
     "data.train_subset=400",
     "data.test_subset=100",
     "training.rounds=24",
-    "training.eval_every=4",
+    # Evaluations every 2 rounds: round 4, the checkpoint of ``stopped``, is one, and those at
+    # rounds 6, 10, ... flush rows that the checkpoints (every 4) have not yet covered (the
+    # SIGKILL test).
+    "training.eval_every=2",
     "training.checkpoint_every=4",
     "privacy.curves=[exact]",
     # One torch thread: the suite runs two workers on two cores, and a second thread per worker
@@ -57,8 +57,10 @@ SMALL = [
 ]
 
 
-def small_config(tmp_path: Path, *extra: str):
-    return load_config(ROOT / "configs" / "smoke.yaml", [*SMALL, f"output_dir={tmp_path}", *extra])
+def small_config(tmp_path: Path, data: list[str], *extra: str):
+    """The small config writing under ``tmp_path``, reading MNIST as ``data`` says."""
+    overrides = [*SMALL, *data, f"output_dir={tmp_path}", *extra]
+    return load_config(ROOT / "configs" / "smoke.yaml", overrides)
 
 
 def quiet(_: str) -> None:
@@ -71,36 +73,24 @@ def rows(run_dir: Path) -> list[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """An uninterrupted run of the small config (its directory)."""
+def reference(tmp_path_factory, small_mnist, driver):
+    """An uninterrupted run of the small config (its directory).
+
+    It asks for ``driver`` only to start that process here: its imports overlap this run and
+    the tests up to the SIGKILL test, which compares its resumed run with this one.
+    """
     base = tmp_path_factory.mktemp("reference")
-    runner.run(small_config(base), run_dir=base / "run", progress=False, echo=quiet)
+    runner.run(small_config(base, small_mnist), run_dir=base / "run", progress=False, echo=quiet)
     return base / "run"
 
 
 @pytest.fixture(scope="module")
-def tiny_pickle(tmp_path_factory) -> list[str]:
-    """Overrides that read a 400 + 100 image copy of MNIST (quick to load in a new process)."""
-    mnist = load_mnist("auto")
-    path = tmp_path_factory.mktemp("mnist") / "mnist.pkl.gz"
-
-    def rows_of(images):
-        return images.reshape(len(images), 784).astype(np.float32) / np.float32(256.0)
-
-    train = (rows_of(mnist.train_images[:400]), mnist.train_labels[:400])
-    empty = (np.zeros((0, 784), np.float32), np.zeros(0, np.int64))
-    test = (rows_of(mnist.test_images[:100]), mnist.test_labels[:100])
-    with gzip.open(path, "wb") as fh:
-        pickle.dump((train, empty, test), fh)
-    return ["data.source=pickle", f"data.pickle_path={path}"]
-
-
-@pytest.fixture(scope="module")
-def stopped_template(tmp_path_factory):
+def stopped_template(tmp_path_factory, small_mnist):
     """A run of the small config stopped (with a checkpoint) after round 4; copied per test."""
     base = tmp_path_factory.mktemp("stopped")
     run_dir = base / "run"
-    runner.run(small_config(base), run_dir=run_dir, progress=False, stop_after=4, echo=quiet)
+    config = small_config(base, small_mnist)
+    runner.run(config, run_dir=run_dir, progress=False, stop_after=4, echo=quiet)
     return run_dir
 
 
@@ -628,10 +618,12 @@ def test_a_metrics_file_too_large_names_it(stopped, monkeypatch, capsys):
 # The children are forks of a driver (``_DRIVER``): a fresh interpreter that imports torch and
 # the runner once (most of a new interpreter's time) and then, for each command on its stdin,
 # forks a child that resumes the run. The driver itself never runs a torch operation, so there
-# is no OpenMP pool whose fork could deadlock (a fork of the pytest process could). The children
-# read a tiny MNIST pickle, so that they start quickly. A child kills itself with SIGKILL at a
-# chosen point, so that where it dies does not depend on how quickly a busy machine schedules a
-# watching parent:
+# is no OpenMP pool whose fork could deadlock (a fork of the pytest process could); it imports
+# what a resume would import on first use, so that no child spends its time importing (torch's
+# first optimizer imports torch._dynamo, over a second per child). The children read the small
+# MNIST pickle of ``small_mnist``, so that they start quickly. A child kills itself with SIGKILL
+# at a chosen point, so that where it dies does not depend on how quickly a busy machine
+# schedules a watching parent:
 # * "round K": as round K begins, with the rows since the last flush still buffered and, when an
 #   evaluation flushed them, rows past the last checkpoint already on disk;
 # * "in-checkpoint": in the middle of writing the next checkpoint (a half-written temporary file).
@@ -641,6 +633,8 @@ import os, signal, sys, traceback
 from pathlib import Path
 import torch
 from shuffle_experiments import runner, session
+import torch._dynamo, torch.nn.utils._expanded_weights, tqdm.auto
+import shuffle_opacus.analysis.rdp.checkin
 def resume_and_die(run_dir, mode, kill_at):
     def die():
         os.kill(os.getpid(), signal.SIGKILL)
@@ -704,7 +698,7 @@ def _resume_in_child(driver: subprocess.Popen, run_dir: Path, mode: str, kill_at
 
 @pytest.fixture(scope="module")
 def driver():
-    """The driver of ``_DRIVER``, started at once (its imports overlap the first test's runs)."""
+    """The driver of ``_DRIVER`` (started by ``reference``: its imports overlap the tests)."""
     proc = subprocess.Popen(
         [sys.executable, "-c", _DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -713,14 +707,11 @@ def driver():
     proc.communicate()
 
 
-def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(tiny_pickle, tmp_path, driver):
-    # Evaluations every 3 rounds flush rows that the checkpoints (every 4) have not yet covered.
-    config = small_config(tmp_path, *tiny_pickle, "training.eval_every=3")
-    reference = tmp_path / "reference"
-    runner.run(config, run_dir=reference, progress=False, echo=quiet)
-    run_dir = tmp_path / "killed"
-    runner.run(config, run_dir=run_dir, progress=False, stop_after=4, echo=quiet)
-
+def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(stopped, reference, driver):
+    # The copy of the run stopped at round 4 is killed and resumed until it is done; the rows
+    # past a checkpoint that a kill leaves on disk are those of the evaluations (every 2 rounds)
+    # between the checkpoints (every 4).
+    run_dir = stopped
     rng = random.Random(20261123)
     rows_past_checkpoint = []
     for _ in range(2):  # killed as a random later round begins
@@ -754,8 +745,8 @@ def test_a_child_of_the_driver_that_fails_is_reported(driver, tmp_path):
 # --- concurrent runs ----------------------------------------------------------------------
 
 
-def test_runs_started_together_get_their_own_directories(tmp_path, monkeypatch):
-    config = small_config(tmp_path)
+def test_runs_started_together_get_their_own_directories(tmp_path, small_mnist):
+    config = small_config(tmp_path, small_mnist)
     made: list[Path] = []
     barrier = threading.Barrier(8)
 
@@ -771,8 +762,10 @@ def test_runs_started_together_get_their_own_directories(tmp_path, monkeypatch):
     assert len(set(made)) == 8 and all(p.is_dir() for p in made)
 
 
-def test_latest_points_at_a_directory_with_its_config(tmp_path):
-    config = small_config(tmp_path, "training.rounds=2", "training.eval_every=2")
+def test_latest_points_at_a_directory_with_its_config(tmp_path, small_mnist):
+    # Each run stops after its first round (no plots): ``latest`` is pointed at a new run before
+    # it trains.
+    config = small_config(tmp_path, small_mnist, "training.rounds=2")
     seen: list[Path] = []
     incomplete: list[Path] = []
     stop = threading.Event()
@@ -790,8 +783,8 @@ def test_latest_points_at_a_directory_with_its_config(tmp_path):
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        first = runner.run(config, progress=False, echo=quiet).run_dir
-        second = runner.run(config, progress=False, echo=quiet).run_dir
+        first = runner.run(config, progress=False, stop_after=1, echo=quiet).run_dir
+        second = runner.run(config, progress=False, stop_after=1, echo=quiet).run_dir
     finally:
         stop.set()
         watcher.join()
