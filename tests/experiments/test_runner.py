@@ -47,34 +47,27 @@ TINY = [
 ]
 
 
-def tiny_config(tmp_path: Path, *extra: str):
-    return load_config(CONFIGS / "smoke.yaml", [*TINY, f"output_dir={tmp_path}", *extra])
+def tiny_config(tmp_path: Path, data: list[str], *extra: str):
+    """The tiny config writing under ``tmp_path``, reading MNIST as ``data`` says."""
+    return load_config(CONFIGS / "smoke.yaml", [*TINY, *data, f"output_dir={tmp_path}", *extra])
 
 
-#: The tiny config with warm-up, the cosine schedule, momentum and a weight average, so that
-#: optimizer and average state must be restored too (the stop-signal tests).
+#: Warm-up, the cosine schedule, momentum and a weight average: the runs that are stopped and
+#: resumed (and the uninterrupted run they are compared with) use them, so that the optimizer,
+#: schedule and average state must be restored too.
 SCHEDULED = [
-    "training.checkpoint_every=100", "optimizer.schedule=cosine", "optimizer.warmup=3",
-    "training.ema=0.9", "training.device=cpu",
+    "optimizer.schedule=cosine", "optimizer.warmup=3", "training.ema=0.9", "training.device=cpu",
 ]  # fmt: skip
 
 
-def _uninterrupted(tmp_path_factory: pytest.TempPathFactory, *extra: str) -> runner.RunResult:
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory, small_mnist) -> runner.RunResult:
+    """An uninterrupted run of the tiny config with :data:`SCHEDULED`, shared by the tests of
+    this file that compare with one (they only read its directory; a test that changes it works
+    on a copy)."""
     base = tmp_path_factory.mktemp("uninterrupted")
-    return runner.run(tiny_config(base, *extra), run_dir=base / "run", progress=False)
-
-
-@pytest.fixture(scope="module")
-def whole(tmp_path_factory) -> runner.RunResult:
-    """An uninterrupted run of the tiny config, shared by the tests of this file that compare
-    with one (they only read its directory; a test that changes it works on a copy)."""
-    return _uninterrupted(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def whole_scheduled(tmp_path_factory) -> runner.RunResult:
-    """An uninterrupted run of the tiny config with :data:`SCHEDULED` (read only, shared)."""
-    return _uninterrupted(tmp_path_factory, *SCHEDULED)
+    config = tiny_config(base, small_mnist, *SCHEDULED)
+    return runner.run(config, run_dir=base / "run", progress=False)
 
 
 def copy_of(result: runner.RunResult, tmp_path: Path) -> Path:
@@ -187,8 +180,8 @@ def test_smoke_config_end_to_end(tmp_path, capsys, monkeypatch):
     assert str(run_dir / "accuracy_vs_epsilon.png") in out
 
 
-def test_resume_after_stop_matches_uninterrupted_run(tmp_path, whole):
-    cfg = tiny_config(tmp_path)
+def test_resume_after_stop_matches_uninterrupted_run(tmp_path, whole, small_mnist):
+    cfg = tiny_config(tmp_path, small_mnist, *SCHEDULED)
     part = tmp_path / "part"
     stopped = runner.run(cfg, run_dir=part, progress=False, stop_after=7)
     assert stopped.rounds_done == 7 and not stopped.plots
@@ -213,10 +206,10 @@ def default_sigint():
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_signal_saves_a_checkpoint_and_resume_matches(
-    tmp_path, monkeypatch, default_sigint, signum, whole_scheduled
+    tmp_path, monkeypatch, default_sigint, signum, whole, small_mnist
 ):
     """Ctrl-C, and SIGTERM (a cluster's pre-emption), finish the round and checkpoint."""
-    cfg = tiny_config(tmp_path, *SCHEDULED)
+    cfg = tiny_config(tmp_path, small_mnist, *SCHEDULED)
     original = session.Session.round
 
     def interrupted(self, indices, round_number):
@@ -245,13 +238,14 @@ def test_a_stop_signal_saves_a_checkpoint_and_resume_matches(
     drawn = (tmp_path / "part" / "epsilon_vs_rounds.csv").read_text().strip().splitlines()
     assert drawn[-1].split(",")[0] == "9"
     assert not (tmp_path / "part" / "summary.json").exists()
-    # Round 9 was completed before stopping, and the handler is gone again.
+    # Round 9 (no periodic checkpoint: those are every 5 rounds) was completed before stopping,
+    # and the handler is gone again.
     assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)["round"] == 9
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.getsignal(signal.SIGTERM) is sigterm_before
     monkeypatch.setattr(session.Session, "round", original)
     runner.resume(tmp_path / "part", progress=False, echo=lambda _: None)
-    reference, part = whole_scheduled.run_dir, tmp_path / "part"
+    reference, part = whole.run_dir, tmp_path / "part"
     assert (part / "metrics.csv").read_bytes() == (reference / "metrics.csv").read_bytes()
     a, b = final_params(reference), final_params(part)
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -259,8 +253,8 @@ def test_a_stop_signal_saves_a_checkpoint_and_resume_matches(
     assert average is not None and not torch.equal(average["0.weight"], b["0.weight"])
 
 
-def test_learning_rate_warms_up_then_follows_the_schedule(tmp_path):
-    cfg = tiny_config(tmp_path, "optimizer.warmup=3", "optimizer.schedule=cosine")
+def test_learning_rate_warms_up_then_follows_the_schedule(tmp_path, small_mnist):
+    cfg = tiny_config(tmp_path, small_mnist, "optimizer.warmup=3", "optimizer.schedule=cosine")
     opened = session.open_session(cfg, tmp_path, 0)
     lr = cfg.optimizer.lr
     rates = [opened.learning_rate(t) for t in range(1, cfg.training.rounds + 1)]
@@ -269,16 +263,16 @@ def test_learning_rate_warms_up_then_follows_the_schedule(tmp_path):
     assert opened.device == torch.device("cpu")  # auto, on a machine without CUDA
 
 
-def test_unavailable_device_is_one_line(tmp_path):
-    cfg = tiny_config(tmp_path, "training.device=cuda:99")
+def test_unavailable_device_is_one_line(tmp_path, small_mnist):
+    cfg = tiny_config(tmp_path, small_mnist, "training.device=cuda:99")
     with pytest.raises(runner.ConfigError, match="training.device cuda:99 is not available"):
         runner.run(cfg, run_dir=tmp_path / "r", progress=False)
 
 
-def test_exception_mid_round_keeps_the_last_checkpoint(tmp_path, monkeypatch, whole):
+def test_exception_mid_round_keeps_the_last_checkpoint(tmp_path, monkeypatch, whole, small_mnist):
     # An exception inside a round (a second Ctrl-C, a crash) must not checkpoint a half-done
     # round: resume starts from the last periodic checkpoint and still matches.
-    cfg = tiny_config(tmp_path)
+    cfg = tiny_config(tmp_path, small_mnist, *SCHEDULED)
     original = session.Session.round
 
     def crashing(self, indices, round_number):
@@ -299,23 +293,25 @@ def test_exception_mid_round_keeps_the_last_checkpoint(tmp_path, monkeypatch, wh
     assert (part / "metrics.csv").read_bytes() == (whole.run_dir / "metrics.csv").read_bytes()
 
 
-def test_micro_batches_give_the_unchunked_round(tmp_path):
+def test_micro_batches_give_the_unchunked_round(tmp_path, small_mnist):
     # About 50 reports per round: Opacus's per-sample path on whole rounds against the exact
     # clipped sum (fast) in chunks of 7. The clipped sum, the noise (same generator state) and
     # the step must be equal up to rounding.
     # A small step, so that the noisy model stays where rounding differences stay small.
-    # Four rounds: each compares a whole round of about 50 reports with its chunks.
-    calm = ["optimizer.lr=0.05", "training.rounds=4", "training.eval_every=4",
+    # Four rounds: each compares a whole round of about 50 reports with its chunks. The runs
+    # stop (with a checkpoint) after round 4 of 5: a finished run would also draw its plots, most
+    # of a short run's time, which this comparison does not look at.
+    calm = ["optimizer.lr=0.05", "training.rounds=5", "training.eval_every=4",
             "training.checkpoint_every=4"]  # fmt: skip
+    hooks = ["training.micro_batch=null", "training.grad_sample_mode=hooks"]
+    chunks = ["training.micro_batch=7", "training.grad_sample_mode=fast"]
     a = runner.run(
-        tiny_config(
-            tmp_path, "training.micro_batch=null", "training.grad_sample_mode=hooks", *calm
-        ),
-        run_dir=tmp_path / "a", progress=False,
+        tiny_config(tmp_path, small_mnist, *hooks, *calm),
+        run_dir=tmp_path / "a", progress=False, stop_after=4,
     )  # fmt: skip
     b = runner.run(
-        tiny_config(tmp_path, "training.micro_batch=7", "training.grad_sample_mode=fast", *calm),
-        run_dir=tmp_path / "b", progress=False,
+        tiny_config(tmp_path, small_mnist, *chunks, *calm),
+        run_dir=tmp_path / "b", progress=False, stop_after=4,
     )  # fmt: skip
     ra, rb = read_rows(a.run_dir), read_rows(b.run_dir)
     assert len(ra) == 4
@@ -328,11 +324,18 @@ def test_micro_batches_give_the_unchunked_round(tmp_path):
     assert a.epsilon == b.epsilon
 
 
-def test_different_seed_gives_different_run(tmp_path):
-    # Two rounds show it: the seed draws the first round's reports and the model's weights.
-    short = ["training.rounds=2", "training.eval_every=2", "training.checkpoint_every=2"]
-    a = runner.run(tiny_config(tmp_path, *short), run_dir=tmp_path / "a", progress=False)
-    b = runner.run(tiny_config(tmp_path, *short, "seed=1"), run_dir=tmp_path / "b", progress=False)
+def test_different_seed_gives_different_run(tmp_path, small_mnist):
+    # Two rounds show it: the seed draws the first round's reports and the model's weights. The
+    # runs stop after round 2 of 3 (no plots, which a finished run would draw).
+    short = ["training.rounds=3", "training.eval_every=2", "training.checkpoint_every=2"]
+    a = runner.run(
+        tiny_config(tmp_path, small_mnist, *short), run_dir=tmp_path / "a", progress=False,
+        stop_after=2,
+    )  # fmt: skip
+    b = runner.run(
+        tiny_config(tmp_path, small_mnist, *short, "seed=1"), run_dir=tmp_path / "b",
+        progress=False, stop_after=2,
+    )  # fmt: skip
     rows_a, rows_b = read_rows(a.run_dir), read_rows(b.run_dir)
     assert len(rows_a) == len(rows_b) == 2
     assert rows_a[0]["participants"] != rows_b[0]["participants"]
@@ -372,11 +375,11 @@ def test_resume_of_a_complete_run_trains_no_more_and_set_is_refused(tmp_path, ca
     assert "--set cannot change a run being resumed" in capsys.readouterr().err
 
 
-def test_run_refuses_non_empty_directory(tmp_path):
+def test_run_refuses_non_empty_directory(tmp_path, small_mnist):
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "x").write_text("")
     with pytest.raises(ValueError, match="is not empty; use --resume"):
-        runner.run(tiny_config(tmp_path), run_dir=tmp_path / "r", progress=False)
+        runner.run(tiny_config(tmp_path, small_mnist), run_dir=tmp_path / "r", progress=False)
 
 
 def test_plot_command_redraws(tmp_path, capsys, whole):
@@ -413,9 +416,9 @@ def test_curves_are_the_library_history_computation():
             assert curves.epsilon(name, steps) == expected, (name, steps)
 
 
-def test_curve_not_defined_for_protocol_is_refused(tmp_path):
+def test_curve_not_defined_for_protocol_is_refused(tmp_path, small_mnist):
     with pytest.raises(ValueError, match="theorem3 is not available for protocol.kind full"):
-        tiny_config(tmp_path, "protocol.kind=full", "protocol.rate=null",
+        tiny_config(tmp_path, small_mnist, "protocol.kind=full", "protocol.rate=null",
                     "privacy.curves=[exact, theorem3]")  # fmt: skip
 
 
