@@ -37,6 +37,8 @@ from shuffle_experiments.config import ConfigDeprecationWarning, ConfigError, lo
 
 from shuffle_opacus.common.provenance import config_hash
 
+from .support import record_plots
+
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
     # Analysis sigma 1: the privacy loss distribution of a round is cheap to build (the smoke
@@ -164,16 +166,19 @@ def test_checkpoint_of_another_config_is_refused(stopped):
     assert "was written for a different config than" in resume_error(stopped)
 
 
-def test_placement_may_change_between_sessions(stopped, reference):
+def test_placement_may_change_between_sessions(stopped, reference, monkeypatch):
     path = stopped / "config.yaml"
     raw = yaml.safe_load(path.read_text())
     raw["training"]["device"] = "cpu"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    plotted = record_plots(monkeypatch)  # the rows are compared, not the figures
     runner.resume(stopped, progress=False, echo=quiet)
-    assert rows(stopped) == rows(reference)
+    assert rows(stopped) == rows(reference) and len(plotted) == 1
 
 
-def test_a_run_begun_under_the_old_key_resumes_as_it_was_with_a_note(stopped, reference):
+def test_a_run_begun_under_the_old_key_resumes_as_it_was_with_a_note(
+    stopped, reference, monkeypatch
+):
     # A run checkpointed before privacy.accountants became privacy.curves: its config.yaml and
     # its checkpoint's copy of the config both name the old key.
     path = stopped / "config.yaml"
@@ -188,8 +193,10 @@ def test_a_run_begun_under_the_old_key_resumes_as_it_was_with_a_note(stopped, re
                                   for k, v in privacy.items()}  # fmt: skip
     state["checksum"] = checkpoint.checksum(state)
     torch.save(state, ckpt)
+    plotted = record_plots(monkeypatch)  # the rows and the provenance are checked, no figure
     with pytest.warns(ConfigDeprecationWarning, match="privacy.curves") as notes:
         result = runner.resume(stopped, progress=False, echo=quiet)
+    assert len(plotted) == 1
     assert {str(n.message) for n in notes if n.category is ConfigDeprecationWarning}
     assert rows(stopped) == rows(reference)
     # Its config.yaml is kept as it was, so the hash that identifies the run is unchanged.
@@ -257,13 +264,15 @@ def test_a_second_session_in_the_same_run_directory_is_refused(stopped):
     assert _snapshot(stopped) == before
 
 
-def test_output_dir_that_is_a_file_is_one_line(tmp_path, capsys):
+def test_output_dir_that_is_a_file_is_one_line(tmp_path, capsys, small_mnist):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     argv = ["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--no-progress"]
     # One curve: the config is checked and the curves set up before the directory is made, and
-    # the smoke config's clones curve alone takes seconds to set up (its round profile).
+    # the smoke config's clones curve alone takes seconds to set up (its round profile). The
+    # data are loaded before too: the small copy, as the other runs of this file read.
     argv += ["--set", "privacy.curves=[exact]"]
+    argv += [arg for override in small_mnist for arg in ("--set", override)]
     assert main([*argv, "--set", f"output_dir={blocker}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
@@ -555,14 +564,18 @@ def test_a_full_disk_at_the_summary_names_it_and_resume_writes_it(
     stopped, reference, monkeypatch, capsys
 ):
     _full_disk(monkeypatch, "summary.json", "summary.json.tmp")
+    plotted = record_plots(monkeypatch)  # drawn before the summary: not what is tested here
     assert main(["train", "--resume", str(stopped), "--no-progress"]) == 2
+    assert len(plotted) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert f"{stopped / 'summary.json'} (No space left on device)" in err, err
     assert not (stopped / "summary.json").exists() and not list(stopped.glob("*.tmp"))
     monkeypatch.undo()
     # The disk has room again: --resume of the finished run writes the summary, no training.
+    plotted = record_plots(monkeypatch)
     assert main(["train", "--resume", str(stopped), "--no-progress"]) == 0
+    assert len(plotted) == 1
     out = capsys.readouterr().out
     assert "the run is complete (24 of 24 rounds)" in out and "test accuracy" in out
     # Provenance differs between the two runs (their configs' output paths, hence hashes).
@@ -621,7 +634,7 @@ def test_a_metrics_file_too_large_names_it(stopped, monkeypatch, capsys):
 # is no OpenMP pool whose fork could deadlock (a fork of the pytest process could); it imports
 # what a resume would import on first use, so that no child spends its time importing (torch's
 # first optimizer imports torch._dynamo, over a second per child). The children read the small
-# MNIST pickle of ``small_mnist``, so that they start quickly. A child kills itself with SIGKILL
+# copy of MNIST of ``small_mnist``, so that they start quickly. A child kills itself with SIGKILL
 # at a chosen point, so that where it dies does not depend on how quickly a busy machine
 # schedules a watching parent:
 # * "round K": as round K begins, with the rows since the last flush still buffered and, when an
@@ -707,7 +720,9 @@ def driver():
     proc.communicate()
 
 
-def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(stopped, reference, driver):
+def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(
+    stopped, reference, driver, monkeypatch
+):
     # The copy of the run stopped at round 4 is killed and resumed until it is done; the rows
     # past a checkpoint that a kill leaves on disk are those of the evaluations (every 2 rounds)
     # between the checkpoints (every 4).
@@ -727,7 +742,9 @@ def test_sigkill_at_random_moments_then_resume_equals_uninterrupted(stopped, ref
     assert (run_dir / "checkpoint.pt.tmp").exists()
     assert _checkpoint_round(run_dir) == before
 
+    plotted = record_plots(monkeypatch)  # the rows and weights are compared, not the figures
     runner.resume(run_dir, progress=False, echo=quiet)
+    assert len(plotted) == 1
     got = rows(run_dir)
     assert [int(r["round"]) for r in got] == list(range(1, 25))  # every round exactly once
     assert got == rows(reference)

@@ -15,6 +15,8 @@ from shuffle_experiments import console, runner, session
 from shuffle_experiments.config import ConfigError, load_config
 from shuffle_experiments.plots import plot_run
 
+from .support import record_plots
+
 ROOT = Path(__file__).resolve().parents[2]
 CHEAP = [
     "privacy.noise_multiplier=2.0",
@@ -29,16 +31,18 @@ CHEAP = [
 ]
 
 
-def cheap_config(tmp_path: Path, *extra: str):
-    return load_config(ROOT / "configs" / "smoke.yaml", [*CHEAP, f"output_dir={tmp_path}", *extra])
+def cheap_config(tmp_path: Path, data: list[str], *extra: str):
+    """The cheap config writing under ``tmp_path``, reading MNIST as ``data`` says."""
+    overrides = [*CHEAP, *data, f"output_dir={tmp_path}", *extra]
+    return load_config(ROOT / "configs" / "smoke.yaml", overrides)
 
 
-def test_a_run_in_a_log_says_where_it_is_and_how_it_goes(tmp_path, monkeypatch):
+def test_a_run_in_a_log_says_where_it_is_and_how_it_goes(tmp_path, monkeypatch, small_mnist):
     """One run stopped at round 4 and resumed through ``latest``: the header, plain progress
     lines (pytest's stderr is not a terminal), the note about an ignored SIGINT, ``threads:
     auto`` written resolved, a plot before the first evaluation, the resumed run's own name."""
     monkeypatch.setattr(runner, "auto_threads", lambda: 1)
-    cfg = cheap_config(tmp_path, "training.threads=auto")
+    cfg = cheap_config(tmp_path, small_mnist, "training.threads=auto")
     messages: list[str] = []
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a background job
     try:
@@ -65,8 +69,10 @@ def test_a_run_in_a_log_says_where_it_is_and_how_it_goes(tmp_path, monkeypatch):
     accuracy = figures[0].axes[0]
     assert accuracy.get_legend() is None and not accuracy.lines
     assert any("no evaluation yet" in t.get_text() for t in accuracy.texts)
+    plotted = record_plots(monkeypatch)  # the figure before the first evaluation is checked
     resumed = runner.resume(tmp_path / "smoke" / "latest", progress=False, echo=lambda _: None)
     assert resumed.run_dir == run_dir.resolve() and resumed.rounds_done == 8
+    assert plotted == [run_dir.resolve()]
 
 
 def test_auto_threads_leave_the_busy_cores_alone(monkeypatch):
@@ -76,9 +82,9 @@ def test_auto_threads_leave_the_busy_cores_alone(monkeypatch):
         assert console.auto_threads() == threads
 
 
-def test_a_time_based_checkpoint_bounds_what_a_crash_loses(tmp_path, monkeypatch):
+def test_a_time_based_checkpoint_bounds_what_a_crash_loses(tmp_path, monkeypatch, small_mnist):
     cfg = cheap_config(
-        tmp_path, "training.checkpoint_minutes=1e-6", "training.checkpoint_every=100"
+        tmp_path, small_mnist, "training.checkpoint_minutes=1e-6", "training.checkpoint_every=100"
     )
     original = session.Session.round
 
@@ -97,8 +103,8 @@ def test_a_time_based_checkpoint_bounds_what_a_crash_loses(tmp_path, monkeypatch
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_an_unavailable_device_is_refused_before_the_run_directory_exists(tmp_path):
-    cfg = cheap_config(tmp_path, "training.device=cuda")
+def test_an_unavailable_device_is_refused_before_the_run_directory_exists(tmp_path, small_mnist):
+    cfg = cheap_config(tmp_path, small_mnist, "training.device=cuda")
     with pytest.raises(ConfigError, match="training.device cuda is not available here"):
         runner.run(cfg, progress=False, echo=lambda _: None)
     assert not (tmp_path / "smoke").exists()

@@ -34,7 +34,7 @@ from shuffle_experiments.sweep import load_sweep
 from shuffle_opacus import history_epsilon
 from shuffle_opacus.engine.release_registry import SharedCoinsWarning
 
-from .conftest import SMALL_TEST, SMALL_TRAIN
+from .support import SMALL_TEST, SMALL_TRAIN, record_plots
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN, TEST, FEATURES, CLASSES = 300, 60, 6, 3
@@ -158,13 +158,13 @@ def test_mnist_entry_gives_the_previous_tensors_bit_for_bit(overrides):
     ids=["smoke", "unit", "fewer"],
 )
 def test_small_mnist_gives_the_tensors_of_the_full_copy(small_mnist, overrides):
-    # The other tests' runs read the small pickle of conftest.small_mnist in place of the
+    # The other tests' runs read the small IDX copy of conftest.small_mnist in place of the
     # installed MNIST: the same tensors, bit for bit, for the images they use.
     full = load_config(ROOT / "configs" / "smoke.yaml", overrides)
     assert full.data.source == "auto" and full.data.train_subset <= SMALL_TRAIN
     assert full.data.test_subset is not None and full.data.test_subset <= SMALL_TEST
     small = load_config(ROOT / "configs" / "smoke.yaml", [*small_mnist, *overrides])
-    assert small.data.source == "pickle"
+    assert small.data.source == "idx"
     new = dataset_tensors(small.data)
     assert (new.input_shape, new.num_classes, new.train_client) == ((1, 28, 28), 10, None)
     for old, mine in zip(
@@ -193,11 +193,14 @@ def test_configs_without_a_dataset_compare_as_before():
 # --- a user's npz file, end to end ---------------------------------------------------------
 
 
-def test_npz_example_level_two_rounds_through_the_command(tmp_path, capsys):
+def test_npz_example_level_two_rounds_through_the_command(tmp_path, capsys, monkeypatch):
     write_npz(tmp_path / "data.npz", mean=np.float64(0.5), std=np.float64(2.0))
     raw = base(tmp_path, data={"normalize": "standard"})
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
+    # The figures of a finished run are drawn in the worked example below (a registered dataset).
+    plotted = record_plots(monkeypatch)
     assert cli.main(["train", "--config", str(tmp_path / "config.yaml")]) == 0
+    assert len(plotted) == 1
     run_dir = (tmp_path / "runs" / "npz" / "latest").resolve()
     table = rows(run_dir)
     assert [r["round"] for r in table] == ["1", "2"] and table[-1]["test_accuracy"]
@@ -211,13 +214,14 @@ def test_npz_example_level_two_rounds_through_the_command(tmp_path, capsys):
     assert comparable(validate(saved))["data"]["name"] == "npz"  # kept for another dataset
 
 
-def test_npz_user_level_with_the_files_own_partition(tmp_path):
+def test_npz_user_level_with_the_files_own_partition(tmp_path, monkeypatch):
     ids = users(30)
     write_npz(tmp_path / "data.npz", train_client=ids.astype(np.int32))
     clients = {"count": 30, "partition": "dataset", "local_steps": 2, "client_lr": 0.1}
     config = validate(base(tmp_path, clients=clients, optimizer={"lr": 1.0}))
+    plotted = record_plots(monkeypatch)  # the figures: test_the_add_a_dataset_example_runs
     result = runner.run(config, run_dir=tmp_path / "run", progress=False, echo=lambda _: None)
-    assert result.rounds_done == 2 and result.test_accuracy is not None
+    assert result.rounds_done == 2 and result.test_accuracy is not None and len(plotted) == 1
     # The population is the file's 30 users, not its 300 examples.
     expected = history_epsilon([(2.0, 0.2, 2)], protocol="checkin", delta=1e-5, population=30)
     assert result.epsilon["pld"] == pytest.approx(expected.epsilon, rel=1e-12)
@@ -231,7 +235,7 @@ def test_npz_user_level_with_the_files_own_partition(tmp_path):
         np.testing.assert_array_equal(np.sort(block), np.flatnonzero(ids == u))
 
 
-def test_npz_under_the_users_config(tmp_path):
+def test_npz_under_the_users_config(tmp_path, monkeypatch):
     # configs/users_smoke.yaml as shipped (cnn_small, Dirichlet split into users) on 1 x 28 x 28
     # arrays from a file: the users config's own partition, over the file's examples.
     write_npz(tmp_path / "data.npz", shape=(1, 28, 28))
@@ -251,8 +255,9 @@ def test_npz_under_the_users_config(tmp_path):
         ],
     )
     assert (config.clients.partition, config.model.name) == ("dirichlet", "cnn_small")
+    plotted = record_plots(monkeypatch)  # the figures: test_the_add_a_dataset_example_runs
     result = runner.run(config, run_dir=tmp_path / "run", progress=False, echo=lambda _: None)
-    assert result.rounds_done == 2
+    assert result.rounds_done == 2 and len(plotted) == 1
     expected = history_epsilon([(2.0, 0.1, 2)], protocol="checkin", delta=1e-5, population=30)
     assert result.epsilon["pld"] == pytest.approx(expected.epsilon, rel=1e-12)
 

@@ -128,7 +128,9 @@ def test_consumers_give_the_same_numbers_from_the_plan_as_from_the_config() -> N
     assert guarantee_record(config, by_config, 20) == guarantee_record(plan, by_plan, 20)
 
 
-def test_a_run_reads_its_config_into_a_plan_once(tmp_path: Path, monkeypatch) -> None:
+def test_a_run_reads_its_config_into_a_plan_once(
+    tmp_path: Path, monkeypatch, small_mnist: list[str]
+) -> None:
     built: list[RunPlan] = []
     original = plan_module.build_plan
 
@@ -141,7 +143,7 @@ def test_a_run_reads_its_config_into_a_plan_once(tmp_path: Path, monkeypatch) ->
     # directory's config.yaml when it is not given the plan.
     for module in (plan_module, runner, plots):
         monkeypatch.setattr(module, "build_plan", counted)
-    config = load_config(CONFIGS / "smoke.yaml", [*TINY, f"output_dir={tmp_path}"])
+    config = load_config(CONFIGS / "smoke.yaml", [*TINY, *small_mnist, f"output_dir={tmp_path}"])
     run_dir = tmp_path / "run"
     runner.run(config, run_dir=run_dir, progress=False, stop_after=2, echo=lambda _: None)
     assert len(built) == 1

@@ -25,6 +25,8 @@ from shuffle_opacus.analysis import OrderCapWarning
 from shuffle_opacus.analysis.approximate.baselines import composed_epsilon, round_profile
 from shuffle_opacus.common.provenance import LIBRARIES, config_hash
 
+from .support import record_plots
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 
@@ -180,15 +182,16 @@ def test_smoke_config_end_to_end(tmp_path, capsys, monkeypatch):
     assert str(run_dir / "accuracy_vs_epsilon.png") in out
 
 
-def test_resume_after_stop_matches_uninterrupted_run(tmp_path, whole, small_mnist):
+def test_resume_after_stop_matches_uninterrupted_run(tmp_path, whole, small_mnist, monkeypatch):
     cfg = tiny_config(tmp_path, small_mnist, *SCHEDULED)
     part = tmp_path / "part"
     stopped = runner.run(cfg, run_dir=part, progress=False, stop_after=7)
     assert stopped.rounds_done == 7 and not stopped.plots
     # The last checkpoint is round 5: rounds 6 and 7 are redone.
     assert torch.load(part / "checkpoint.pt", weights_only=True)["round"] == 5
+    plotted = record_plots(monkeypatch)  # the rows and weights are compared, not the figures
     resumed = runner.resume(part, progress=False, echo=lambda _: None)
-    assert resumed.rounds_done == cfg.training.rounds
+    assert resumed.rounds_done == cfg.training.rounds and len(plotted) == 1
     assert (part / "metrics.csv").read_bytes() == (whole.run_dir / "metrics.csv").read_bytes()
     a, b = final_params(whole.run_dir), final_params(part)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -244,7 +247,9 @@ def test_a_stop_signal_saves_a_checkpoint_and_resume_matches(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.getsignal(signal.SIGTERM) is sigterm_before
     monkeypatch.setattr(session.Session, "round", original)
+    plotted = record_plots(monkeypatch)  # the figures so far are checked above, not the last
     runner.resume(tmp_path / "part", progress=False, echo=lambda _: None)
+    assert len(plotted) == 1
     reference, part = whole.run_dir, tmp_path / "part"
     assert (part / "metrics.csv").read_bytes() == (reference / "metrics.csv").read_bytes()
     a, b = final_params(reference), final_params(part)
@@ -288,8 +293,10 @@ def test_exception_mid_round_keeps_the_last_checkpoint(tmp_path, monkeypatch, wh
     assert "last checkpoint: round 5" in messages[-1]
     assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)["round"] == 5
     monkeypatch.setattr(session.Session, "round", original)
+    plotted = record_plots(monkeypatch)  # the rows are compared, not the figures
     runner.resume(tmp_path / "part", progress=False, echo=lambda _: None)
     part = tmp_path / "part"
+    assert len(plotted) == 1
     assert (part / "metrics.csv").read_bytes() == (whole.run_dir / "metrics.csv").read_bytes()
 
 
@@ -365,10 +372,14 @@ def test_cli_errors_are_one_line(argv, message, capsys, monkeypatch):
     assert err.count("\n") == 1 and message in err, err
 
 
-def test_resume_of_a_complete_run_trains_no_more_and_set_is_refused(tmp_path, capsys, whole):
+def test_resume_of_a_complete_run_trains_no_more_and_set_is_refused(
+    tmp_path, capsys, whole, monkeypatch
+):
     run_dir = copy_of(whole, tmp_path)
     metrics = (run_dir / "metrics.csv").read_bytes()
+    plotted = record_plots(monkeypatch)  # redrawn as test_plot_command_redraws checks
     assert main(["train", "--resume", str(run_dir), "--no-progress"]) == 0
+    assert len(plotted) == 1
     assert "the run is complete (12 of 12 rounds); writing summary.json" in capsys.readouterr().out
     assert (run_dir / "metrics.csv").read_bytes() == metrics
     assert main(["train", "--resume", str(run_dir), "--set", "seed=2"]) == 2

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,8 @@ from shuffle_experiments import runner
 from shuffle_experiments.cli import main
 from shuffle_experiments.config import ConfigError
 from shuffle_experiments.sweep import load_sweep, run_sweep
+
+from .support import record_plots
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -26,9 +30,14 @@ COMMON = {
 }
 
 
-def write_sweep(tmp_path: Path, **body) -> Path:
+def write_sweep(tmp_path: Path, data: list[str] | None = None, **body) -> Path:
+    """A sweep file (and its base config) in ``tmp_path``; ``data`` are ``data.KEY=VALUE``
+    overrides of the base (``small_mnist``: the trials read the small copy of MNIST)."""
     base = tmp_path / "base.yaml"
     raw = yaml.safe_load(SMOKE.read_text())
+    for override in data or []:
+        key, value = override.split("=", 1)
+        raw["data"][key.removeprefix("data.")] = value
     raw["data"]["train_subset"] = 300
     # Analysis sigma 1: each trial's summary states the pld guarantee, cheap to build here.
     raw["privacy"]["noise_multiplier"] = 2.0
@@ -61,17 +70,36 @@ def test_grid_then_list_order_and_resolved_configs(tmp_path):
     assert all(t.config.training.rounds == 4 for t in sweep.trials)
 
 
-def test_sweep_runs_reports_and_resumes(tmp_path, capsys):
-    path = write_sweep(tmp_path, grid={"optimizer.lr": [0.1, 0.5]})
+@pytest.fixture(scope="module")
+def trial_2_alone(tmp_path_factory, small_mnist) -> tuple[Path, list]:
+    """The sweep of two learning rates with trial 2 alone run, uninterrupted (as a second
+    process would run it): the sweep file, and the results of that call.
+
+    ``test_only_some_trials`` continues a copy of its directory ``out``; its trial 2 is the
+    uninterrupted run that ``test_sweep_runs_reports_and_resumes`` compares a resumed one with.
+    """
+    base = tmp_path_factory.mktemp("alone")
+    path = write_sweep(base, small_mnist, grid={"optimizer.lr": [0.1, 0.5]})
+    results = run_sweep(load_sweep(path), base / "out", progress=False, only=[2],
+                        echo=lambda _: None)  # fmt: skip
+    return path, results
+
+
+def test_sweep_runs_reports_and_resumes(tmp_path, capsys, small_mnist, trial_2_alone, monkeypatch):
+    # The trials' own figures are recorded, not drawn (those of trial_2_alone are drawn); the
+    # sweep's figure is.
+    plotted = record_plots(monkeypatch)
+    path = write_sweep(tmp_path, small_mnist, grid={"optimizer.lr": [0.1, 0.5]})
     sweep = load_sweep(path)
     out = tmp_path / "out"
     # Trial 2 was interrupted after round 2: the sweep must resume it, not start it over.
     runner.run(sweep.trials[1].config, run_dir=out / "trial-02", progress=False,
                stop_after=2, echo=lambda _: None)  # fmt: skip
     results = run_sweep(sweep, out, progress=False, echo=lambda _: None)
-    reference = runner.run(sweep.trials[1].config, run_dir=tmp_path / "ref", progress=False,
-                           echo=lambda _: None)  # fmt: skip
-    assert rows(out / "trial-02" / "metrics.csv") == rows(tmp_path / "ref" / "metrics.csv")
+    assert [p.name for p in plotted] == ["trial-01", "trial-02"]
+    # The same trial run uninterrupted (in another sweep directory, of the same sweep file).
+    reference = trial_2_alone[0].parent / "out" / "trial-02"
+    assert rows(out / "trial-02" / "metrics.csv") == rows(reference / "metrics.csv")
 
     table = rows(out / "results.csv")
     assert [r["optimizer.lr"] for r in table] == ["0.1", "0.5"]
@@ -83,7 +111,8 @@ def test_sweep_runs_reports_and_resumes(tmp_path, capsys):
         assert result.final_accuracy == evaluated[-1][1]
         assert result.best_accuracy == max(a for _, a in evaluated)
         assert float(row["final_accuracy"]) == pytest.approx(result.final_accuracy)
-    assert results[1].final_accuracy == reference.test_accuracy
+    uninterrupted = json.loads((reference / "summary.json").read_text())
+    assert results[1].final_accuracy == uninterrupted["test_accuracy"]
     markdown = (out / "results.md").read_text()
     assert "| trial | optimizer.lr |" in markdown and markdown.count("\n| ") == 3
     assert (out / "accuracy.png").stat().st_size > 0
@@ -155,15 +184,19 @@ def test_shipped_sweeps_validate_and_keep_their_base_privacy_setting(path):
             published[sweep.base.name])  # fmt: skip
 
 
-def test_only_some_trials(tmp_path):
-    path = write_sweep(tmp_path, grid={"optimizer.lr": [0.1, 0.5]})
+def test_only_some_trials(tmp_path, trial_2_alone, monkeypatch):
+    alone, results = trial_2_alone
     out = tmp_path / "out"
     with pytest.raises(ConfigError, match="--trial must name trials 1 to 2 of this sweep, got 3"):
-        run_sweep(load_sweep(path), out, progress=False, only=[3], echo=lambda _: None)
+        run_sweep(load_sweep(alone), out, progress=False, only=[3], echo=lambda _: None)
     assert not out.exists()  # refused before any work
     # Trial 2 alone (as a second process would run it): the table holds what has finished.
-    results = run_sweep(load_sweep(path), out, progress=False, only=[2], echo=lambda _: None)
-    assert [r.trial.number for r in results] == [2] and not (out / "trial-01").exists()
-    results = run_sweep(load_sweep(path), out, progress=False, only=[1], echo=lambda _: None)
-    assert [r.trial.number for r in results] == [1, 2]
+    assert [r.trial.number for r in results] == [2]
+    assert not (alone.parent / "out" / "trial-01").exists()
+    assert [r["optimizer.lr"] for r in rows(alone.parent / "out" / "results.csv")] == ["0.5"]
+    # Then trial 1, in a copy of that directory (the fixture's is shared, read only).
+    shutil.copytree(alone.parent / "out", out)
+    plotted = record_plots(monkeypatch)  # trial 2's figures are drawn, trial 1's recorded
+    results = run_sweep(load_sweep(alone), out, progress=False, only=[1], echo=lambda _: None)
+    assert [r.trial.number for r in results] == [1, 2] and len(plotted) == 1
     assert [r["optimizer.lr"] for r in rows(out / "results.csv")] == ["0.1", "0.5"]

@@ -15,6 +15,8 @@ from shuffle_experiments.curves import EpsilonCurves
 
 from shuffle_opacus import history_epsilon
 
+from .support import record_plots
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 
@@ -24,14 +26,15 @@ def rows(run_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def test_users_smoke_runs_and_resumes_exactly(tmp_path):
+def test_users_smoke_runs_and_resumes_exactly(tmp_path, small_mnist, monkeypatch):
     # Analysis sigma 1 (the config's 0.5 has heavy-tailed reports, a pld pair of seconds); one
     # torch thread (the suite's two workers share two cores; the thread count changes the speed
-    # and the last digits only).
+    # and the last digits only); its 2,000 + 500 images from the small copy of MNIST.
     cfg = load_config(
         CONFIGS / "users_smoke.yaml",
-        [f"output_dir={tmp_path}", "privacy.noise_multiplier=2.0", "training.threads=1"],
-    )
+        [f"output_dir={tmp_path}", "privacy.noise_multiplier=2.0", "training.threads=1",
+         *small_mnist],
+    )  # fmt: skip
     whole = runner.run(cfg, run_dir=tmp_path / "whole", progress=False)
     assert whole.rounds_done == 10 and whole.test_accuracy is not None
     for name in ("summary.json", "accuracy_vs_epsilon.png", "accuracy_vs_epsilon.csv"):
@@ -52,9 +55,11 @@ def test_users_smoke_runs_and_resumes_exactly(tmp_path):
     assert float(table[-1]["eps_exact"]) == pytest.approx(renyi, rel=1e-12)
     assert renyi > expected
     part = tmp_path / "part"
+    plotted = record_plots(monkeypatch)  # the whole run's are checked above; here the rows
     runner.run(cfg, run_dir=part, progress=False, stop_after=7)
     assert torch.load(part / "checkpoint.pt", weights_only=True)["round"] == 5
     resumed = runner.resume(part, progress=False, echo=lambda _: None)
+    assert len(plotted) == 1
     assert (part / "metrics.csv").read_bytes() == (tmp_path / "whole" / "metrics.csv").read_bytes()
     a = torch.load(part / "checkpoint.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)["model"]
