@@ -12,10 +12,10 @@ not evict the installed pickle that other tests read (decompressing it again tak
 A finished run draws two figures, about 0.8 s of CPU: most of a short test run. The tests whose
 subject is what a resumed run trains (its rows and weights against an uninterrupted run) use
 :func:`record_plots`, which records that the run asked for its plots instead of drawing them;
-the figures themselves are drawn and tested where they are the subject, and drawn by the
-uninterrupted runs that the others are compared with: the ``test_plot_*`` tests, the smoke run,
-the hand-edited epsilons, the stop-signal tests' interrupted runs, the console, plan and proven
-tests, the worked example of a registered dataset, a sweep's trial and its figure.
+the figures themselves are drawn and tested where they are the subject: the ``test_plot_*``
+tests (on test_checkpoints' reference run, which draws its own), the smoke run, the hand-edited
+epsilons, the stop-signal tests' interrupted runs, the console, plan and proven tests, the
+worked example of a registered dataset, a sweep's trial and its figure.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import pickle
 
 import numpy as np
 import pytest
+from shuffle_experiments import data
 from shuffle_experiments.data import (
     IDX_FILES,
     MnistNotFoundError,
@@ -46,6 +47,17 @@ def write_idx(directory, gz: bool) -> None:
             (directory / stem).write_bytes(data)
 
 
+@pytest.fixture
+def own_pickle_cache(monkeypatch):
+    """The loader's in-memory copy of the last pickle read, for this test alone.
+
+    The loader keeps one pickle at a time: a synthetic one read here would push out the
+    installed MNIST that the other tests of the process read (decompressing it again takes
+    about 2 s). Within the test the cache works as it does in a run.
+    """
+    monkeypatch.setattr(data, "_PICKLE_CACHE", {})
+
+
 def write_pickle(path, scale: float = 256.0) -> None:
     def part(x, y):
         return (x.reshape(len(x), 784).astype(np.float32) / scale, y)
@@ -73,7 +85,7 @@ def test_idx_directory(tmp_path, gz, layout):
     assert_synthetic(load_mnist("auto", root=tmp_path, pickle_path=tmp_path / "absent.pkl.gz"))
 
 
-def test_pickle_parts_are_joined_in_order_and_rescaled(tmp_path):
+def test_pickle_parts_are_joined_in_order_and_rescaled(tmp_path, own_pickle_cache):
     path = tmp_path / "mnist.pkl.gz"
     write_pickle(path)
     arrays = load_mnist("pickle", pickle_path=path)
@@ -85,7 +97,7 @@ def test_pickle_parts_are_joined_in_order_and_rescaled(tmp_path):
     assert load_mnist("auto", root=tmp_path, pickle_path=path).source.startswith("pickle:")
 
 
-def test_same_images_from_every_format(tmp_path):
+def test_same_images_from_every_format(tmp_path, own_pickle_cache):
     write_idx(tmp_path / "idx", gz=True)
     write_pickle(tmp_path / "mnist.pkl.gz")
     a = load_mnist("idx", root=tmp_path / "idx").normalized()
@@ -119,7 +131,7 @@ def test_corrupt_gzip_is_explained(tmp_path):
         load_mnist("idx", root=tmp_path)
 
 
-def test_pickle_with_wrong_scale_or_garbage(tmp_path):
+def test_pickle_with_wrong_scale_or_garbage(tmp_path, own_pickle_cache):
     path = tmp_path / "mnist.pkl.gz"
     write_pickle(path, scale=255.0)
     with pytest.raises(MnistNotFoundError, match="byte / 256"):

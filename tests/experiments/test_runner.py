@@ -66,10 +66,14 @@ SCHEDULED = [
 def whole(tmp_path_factory, small_mnist) -> runner.RunResult:
     """An uninterrupted run of the tiny config with :data:`SCHEDULED`, shared by the tests of
     this file that compare with one (they only read its directory; a test that changes it works
-    on a copy)."""
+    on a copy). Its figures are recorded, not drawn: test_plot_command_redraws draws them."""
     base = tmp_path_factory.mktemp("uninterrupted")
     config = tiny_config(base, small_mnist, *SCHEDULED)
-    return runner.run(config, run_dir=base / "run", progress=False)
+    with pytest.MonkeyPatch.context() as patch:
+        plotted = record_plots(patch)
+        result = runner.run(config, run_dir=base / "run", progress=False)
+    assert len(plotted) == 1
+    return result
 
 
 def copy_of(result: runner.RunResult, tmp_path: Path) -> Path:
@@ -395,7 +399,7 @@ def test_run_refuses_non_empty_directory(tmp_path, small_mnist):
 
 def test_plot_command_redraws(tmp_path, capsys, whole):
     run_dir = copy_of(whole, tmp_path)
-    for png in run_dir.glob("*.png"):
+    for png in run_dir.glob("*.png"):  # (none from whole, which records its plots)
         png.unlink()
     assert main(["plot", str(run_dir)]) == 0
     assert sorted(p.name for p in run_dir.glob("*.png")) == [
