@@ -45,9 +45,18 @@ def aggregated_updates(mode: str, seed: int) -> np.ndarray:
         noise_mode=mode,
     )
     out = np.empty((TRIALS, D))
+    first: list[torch.Tensor] = []
     for t in range(TRIALS):
         optimizer.zero_grad()
-        module(X).sum().backward()
+        if not first:
+            module(X).sum().backward()
+            first = [p.grad_sample.detach().clone() for p in optimizer.params]
+        else:
+            # Every trial's per-sample gradients are the first trial's (the same X, and no step
+            # is taken): a fresh copy of them stands for the backward pass (half of a trial's
+            # time), so that the trials go to the optimizer's clipping and noise.
+            for p, grad_sample in zip(optimizer.params, first, strict=True):
+                p.grad_sample = grad_sample.clone()
         optimizer.pre_step()
         out[t] = torch.cat([lin.weight.grad.flatten(), lin.bias.grad]).double().numpy()
         assert optimizer.last_report_count == B
