@@ -426,7 +426,9 @@ def test_report_count_mismatch_is_caught_at_the_step():
 # --- calibration never overshoots ---------------------------------------------------------
 
 
-@settings(max_examples=30, deadline=None)
+# 20 examples (the least the project allows; 30 before): one example costs up to 7 s of CPU
+# where a tiny target at delta 1e-9 needs a noise multiplier in the hundreds.
+@settings(max_examples=20, deadline=None)
 @given(
     n=st.integers(2, 100_000),
     rate=st.floats(0.001, 1.0),
