@@ -3,21 +3,23 @@
 Each scenario needs an interpreter in which neither Opacus nor shuffle_opacus has been imported.
 Most of a fresh interpreter's time (about 8 s of CPU) goes to torch and the libraries Opacus
 imports (torch.distributed.tensor, scipy.stats), whose import order is not what these tests are
-about. So one fresh interpreter (``_DRIVER``) imports those libraries once, checks that neither
-Opacus nor shuffle_opacus came with them, and forks a child per scenario; each child runs its
-scenario's code as a fresh ``__main__`` and imports Opacus and shuffle_opacus in the scenario's
-order. The scenario "no torch" is about torch itself, so it runs in an interpreter of its own.
-The fixture ``finished`` starts both at once; each test then waits for and checks its own.
+about. So one fresh interpreter (:class:`tests.forked.Forked`) imports those libraries once
+(``PRELOAD``), checks that neither Opacus nor shuffle_opacus came with them, and forks a child per
+scenario; each child runs its scenario's code as a fresh ``__main__`` and imports Opacus and
+shuffle_opacus in the scenario's order. The scenario "no torch" is about torch itself, so it runs
+in an interpreter of its own. The fixture ``finished`` starts both at once; each test then waits
+for and checks its own.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from tests.forked import Forked
 
 CHECK = textwrap.dedent(
     """
@@ -50,13 +52,31 @@ ORDERS = {
 }
 
 
-NO_TORCH = (
-    "import sys, shuffle_opacus\n"
-    "assert 'torch' not in sys.modules and 'opacus' not in sys.modules\n"
-    "assert callable(shuffle_opacus.calibrate_noise_multiplier)\n"
-    "assert 'torch' not in sys.modules\n"
-    "shuffle_opacus.make_private\n"
-    "assert 'torch' in sys.modules\n"
+#: The package and its calibration load without torch; make_private is the part that needs it.
+#: Its first use must import torch, which a finder refuses here: loading torch for real would cost
+#: this interpreter 5-7 s of CPU (it ran in 0.4 s with the refusal), and the scenario "accountant
+#: class first" resolves a name of the torch side on first use for real, through the same lazy
+#: loader.
+NO_TORCH = textwrap.dedent(
+    """
+    import sys, shuffle_opacus
+    assert 'torch' not in sys.modules and 'opacus' not in sys.modules
+    assert callable(shuffle_opacus.calibrate_noise_multiplier)
+    assert 'torch' not in sys.modules
+
+    class RefuseTorch:
+        def find_spec(self, name, path=None, target=None):
+            if name.split('.')[0] == 'torch':
+                raise ImportError(f'refused: {name}')
+
+    sys.meta_path.insert(0, RefuseTorch())
+    try:
+        shuffle_opacus.make_private
+    except ImportError as exc:
+        assert str(exc) == 'refused: torch', exc
+    else:
+        raise AssertionError('make_private loaded without importing torch')
+    """
 )
 
 FOREIGN = textwrap.dedent(
@@ -83,41 +103,19 @@ SCRIPTS = {
 #: A scenario that fails on purpose, run with the others.
 CANARY = "canary"
 
-#: Imports what Opacus imports from outside itself (the bulk of its import time), then runs each
-#: scenario of the JSON object in its first argument in a forked child, all at once; prints a JSON
-#: object: scenario -> its stderr when it failed, else null. Fails if the preloading imported
-#: Opacus or shuffle_opacus (the scenarios would then not choose the import order).
-_DRIVER = textwrap.dedent(
+#: Imports what Opacus imports from outside itself (the bulk of its import time: torch and the
+#: parts of torch.distributed and scipy that Opacus's modules import), once, before the scenarios
+#: are forked; fails if that imported Opacus or shuffle_opacus (the scenarios would then not
+#: choose the import order).
+PRELOAD = textwrap.dedent(
     """
-    import json, os, sys, tempfile, traceback
-    import scipy.stats, torch, torch.distributed.tensor
+    import sys
+    import scipy.fft, scipy.integrate, scipy.optimize, scipy.signal, scipy.special, scipy.stats
+    import torch, torch.distributed.tensor, torch.distributed.fsdp
+    import torch.distributed._composable.fsdp, torch.distributed._tensor.experimental
     early = sorted(m for m in sys.modules if m.split(".")[0] in ("opacus", "shuffle_opacus"))
     if early:
         sys.exit(f"preloading imported {early}")
-    scripts = json.loads(sys.argv[1])
-    children = {}
-    for name, code in scripts.items():
-        log = tempfile.TemporaryFile("w+")
-        pid = os.fork()
-        if pid == 0:
-            status = 1
-            try:
-                os.dup2(log.fileno(), 2)
-                sys.stderr = os.fdopen(2, "w", closefd=False)
-                exec(compile(code, f"<scenario {name}>", "exec"), {"__name__": "__main__"})
-                status = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stderr.flush()
-                os._exit(status)
-        children[name] = (pid, log)
-    results = {}
-    for name, (pid, log) in children.items():
-        _, status = os.waitpid(pid, 0)
-        log.seek(0)
-        results[name] = None if status == 0 else f"wait status {status}: {log.read()}"
-    print(json.dumps(results))
     """
 )
 
@@ -128,35 +126,25 @@ def finished():
     stderr when it failed (``None`` when it exited 0)."""
     forked = {name: code for name, code in SCRIPTS.items() if name != "no torch"}
     forked[CANARY] = "import sys\nsys.exit(4)\n"
-    driver = subprocess.Popen(
-        [sys.executable, "-c", _DRIVER, json.dumps(forked)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    driver = Forked(PRELOAD, forked)
     alone = subprocess.Popen(
         [sys.executable, "-c", SCRIPTS["no torch"]],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
-    results: dict[str, str | None] = {}
 
     def failure(name: str) -> str | None:
         if name == "no torch":
             _, err = alone.communicate(timeout=300)
             return None if alone.returncode == 0 else err
-        if not results:
-            out, err = driver.communicate(timeout=300)
-            if driver.returncode != 0:
-                return f"the driver exited {driver.returncode}: {err}"
-            results.update(json.loads(out))
-        return results[name]
+        outcome = driver.outcome(name)
+        return None if outcome.status == 0 else f"exit status {outcome.status}: {outcome.stderr}"
 
     yield failure
-    for proc in (driver, alone):  # scenarios whose test was deselected
-        proc.kill()
-        proc.communicate()
+    driver.close()  # scenarios whose test was deselected
+    alone.kill()
+    alone.communicate()
 
 
 def test_a_failing_scenario_is_reported(finished):
