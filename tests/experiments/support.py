@@ -15,7 +15,7 @@ subject is what a resumed run trains (its rows and weights against an uninterrup
 the figures themselves are drawn and tested where they are the subject: the ``test_plot_*``
 tests (on test_checkpoints' reference run, which draws its own), the smoke run, the hand-edited
 epsilons, the stop-signal tests' interrupted runs, the console, plan and proven tests, the
-worked example of a registered dataset, a sweep's trial and its figure.
+worked example of a registered dataset, the users smoke run and a sweep's figure.
 """
 
 from __future__ import annotations

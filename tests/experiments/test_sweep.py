@@ -77,17 +77,21 @@ def trial_2_alone(tmp_path_factory, small_mnist) -> tuple[Path, list]:
 
     ``test_only_some_trials`` continues a copy of its directory ``out``; its trial 2 is the
     uninterrupted run that ``test_sweep_runs_reports_and_resumes`` compares a resumed one with.
+    The trial's own figures are recorded, not drawn (no sweep test looks at them; the sweep's
+    figure is drawn).
     """
     base = tmp_path_factory.mktemp("alone")
     path = write_sweep(base, small_mnist, grid={"optimizer.lr": [0.1, 0.5]})
-    results = run_sweep(load_sweep(path), base / "out", progress=False, only=[2],
-                        echo=lambda _: None)  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        plotted = record_plots(patch)
+        results = run_sweep(load_sweep(path), base / "out", progress=False, only=[2],
+                            echo=lambda _: None)  # fmt: skip
+    assert [p.name for p in plotted] == ["trial-02"]
     return path, results
 
 
 def test_sweep_runs_reports_and_resumes(tmp_path, capsys, small_mnist, trial_2_alone, monkeypatch):
-    # The trials' own figures are recorded, not drawn (those of trial_2_alone are drawn); the
-    # sweep's figure is.
+    # The trials' own figures are recorded, not drawn; the sweep's figure is drawn.
     plotted = record_plots(monkeypatch)
     path = write_sweep(tmp_path, small_mnist, grid={"optimizer.lr": [0.1, 0.5]})
     sweep = load_sweep(path)
@@ -196,7 +200,7 @@ def test_only_some_trials(tmp_path, trial_2_alone, monkeypatch):
     assert [r["optimizer.lr"] for r in rows(alone.parent / "out" / "results.csv")] == ["0.5"]
     # Then trial 1, in a copy of that directory (the fixture's is shared, read only).
     shutil.copytree(alone.parent / "out", out)
-    plotted = record_plots(monkeypatch)  # trial 2's figures are drawn, trial 1's recorded
+    plotted = record_plots(monkeypatch)  # the trial's figures, as in trial_2_alone
     results = run_sweep(load_sweep(alone), out, progress=False, only=[1], echo=lambda _: None)
     assert [r.trial.number for r in results] == [1, 2] and len(plotted) == 1
     assert [r["optimizer.lr"] for r in rows(out / "results.csv")] == ["0.1", "0.5"]
