@@ -437,7 +437,8 @@ class ShuffleCheckInAccountant:
         :attr:`ledger` (the same object, so a strategy that shares it sees them).
 
         Raises:
-            ValueError: for another schema, backend or configuration, or a bad composition.
+            ValueError: for another schema, backend or configuration, a bad composition, or
+                rounds that do not begin with those already composed.
         """
         if not isinstance(state, Mapping):
             raise ValueError(f"state must be a mapping. Found {type(state).__name__}.")
@@ -464,4 +465,24 @@ class ShuffleCheckInAccountant:
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"state['compositions'][{i}] is not valid: {exc}") from None
             restored.append((event.noise_multiplier, event.rate, count))
+        if not _extends(restored, self.ledger.entries):
+            # The ledger is a strategy's record of released rounds: a state may restore an
+            # accountant with no rounds, or one that went on from them, never forget a round.
+            raise ValueError(
+                f"state['compositions'] must hold at least the {self.num_releases} rounds "
+                "already composed, in order (a state saved earlier cannot rewind the rounds "
+                "released since). Load it into a new accountant."
+            )
         self.ledger.entries = restored  # the same ledger: a strategy's history follows
+
+
+def _extends(entries: list[HistoryEntry], held: list[HistoryEntry]) -> bool:
+    """Return whether ``entries`` hold the rounds of ``held`` first (run lengths compared)."""
+    held = [entry for entry in held if entry[2]]
+    entries = [entry for entry in entries if entry[2]]
+    if not held:
+        return True
+    if len(entries) < len(held) or entries[: len(held) - 1] != held[:-1]:
+        return False
+    last, mine = held[-1], entries[len(held) - 1]
+    return mine[:2] == last[:2] and mine[2] >= last[2]

@@ -192,3 +192,23 @@ def test_a_standalone_accountant_keeps_its_own_ledger():
     third = ShuffleCheckInAccountant(config, ledger=shared)
     third.compose(ShuffleCheckInEvent(NOISE, RATE, N))
     assert shared.entries == [(NOISE, RATE, 1)]
+
+
+def test_a_state_saved_earlier_cannot_rewind_the_rounds_released_since():
+    strategy = _strategy()
+    strategy._account_round()
+    earlier = strategy.accountant.state_dict()
+    strategy._account_round()
+    strategy._account_round()
+    later = strategy.accountant.state_dict()
+    with pytest.raises(ValueError, match="at least the 3 rounds already composed"):
+        strategy.accountant.load_state_dict(earlier)
+    assert strategy.rounds_accounted == 3 and strategy.history == [(NOISE, RATE, 3)]
+    strategy.accountant.compose(ShuffleCheckInEvent(3.0, RATE, N))
+    with pytest.raises(ValueError, match="at least the 4 rounds"):
+        strategy.accountant.load_state_dict(later)  # the sigma = 3 round would be forgotten
+    strategy.accountant.load_state_dict(strategy.accountant.state_dict())  # the same rounds
+    fresh = _strategy()
+    fresh.accountant.load_state_dict(earlier)  # a new run restores any state
+    fresh.accountant.load_state_dict(later)  # and may go on to a later one
+    assert fresh.rounds_accounted == 3
