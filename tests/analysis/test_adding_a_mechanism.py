@@ -11,6 +11,7 @@ CONTRIBUTING.md ("Adding a mechanism") points here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -149,6 +150,29 @@ def test_toy_gaussian_through_account_and_the_command(capsys: pytest.CaptureFixt
     assert "toy-gaussian" not in MECHANISM_TABLE
     with pytest.raises(ValueError, match="mechanism must be one of"):
         account("toy-gaussian", sigma=2.0, steps=1, delta=DELTA)
+    status, _, err = _cli(capsys, "account", "toy-gaussian", "--sigma", "2")
+    assert status == 2 and "invalid choice: 'toy-gaussian'" in err
+
+
+def test_the_command_kept_from_a_call_before_registration_knows_the_toy(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The command keeps its parser between calls (building it costs as much as a request):
+    # a record registered, replaced or removed since must still be seen at the next call.
+    from shuffle_opacus.cli import command
+
+    assert _cli(capsys, "account", "gaussian", "--sigma", "2")[0] == 0
+    kept = command._parser()
+    assert command._parser() is kept  # nothing changed: the same parser
+    with registered(TOY_GAUSSIAN):
+        status, out, err = _cli(capsys, "account", "toy-gaussian", "--sigma", "2", "--json")
+        assert (status, err) == (0, "") and json.loads(out)["mechanism"] == "toy-gaussian"
+        assert command._parser() is not kept
+        # The same name, another record: its summary, not the first one's, is in the help.
+        MECHANISM_TABLE["toy-gaussian"] = dataclasses.replace(TOY_GAUSSIAN, summary="a re-made toy")
+        with pytest.raises(SystemExit):
+            main(["account", "--help"])
+        assert "(sigma): a re-made toy" in " ".join(capsys.readouterr().out.split())
     status, _, err = _cli(capsys, "account", "toy-gaussian", "--sigma", "2")
     assert status == 2 and "invalid choice: 'toy-gaussian'" in err
 
