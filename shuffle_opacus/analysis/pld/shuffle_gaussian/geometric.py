@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 from scipy.stats import binom
 
 from .pair import (
@@ -82,6 +83,11 @@ def _geometric_add(
     with ``d = kw + j - ky - i``: its grid cell ``i + f(d)`` and its split between the cell's two
     ends depend on ``d`` only, so they are computed once per ``d``. Each sum's mass is split
     between the two neighbouring grid points keeping its mean (a mean-preserving spread).
+
+    Row ``i`` reads ``f`` and the split at ``d - d_min = c - i + j`` (``c`` fixed): a Toeplitz
+    matrix, read as reversed sliding windows without an index array, into buffers reused by
+    every block of :data:`_ROW_BLOCK` rows. Each block's per-cell sums (one ``bincount`` per
+    end, the upper end's shifted by one cell) are added to the result.
     """
     if y[0] > w[0]:
         y, w = w, y
@@ -94,15 +100,25 @@ def _geometric_add(
     frac = np.clip(np.expm1(log_ratio - f * step) / math.expm1(step), 0.0, 1.0)
     size = qy.size + int(f.max()) + 2
     out = np.zeros(size)
-    j = np.arange(qw.size)
+    m = qw.size
+    f_rows = sliding_window_view(f, m)[::-1]  # f_rows[i, j] = f[qy.size - 1 - i + j]
+    frac_rows = sliding_window_view(frac, m)[::-1]
+    block = min(qy.size, _ROW_BLOCK)
+    cell = np.empty((block, m), dtype=np.int64)
+    down = np.empty((block, m))  # mass kept at the cell's lower end
+    up = np.empty((block, m))  # mass moved to its upper end
+    rows = np.arange(block)[:, None]
     for start in range(0, qy.size, _ROW_BLOCK):
-        i = np.arange(start, min(qy.size, start + _ROW_BLOCK))[:, None]
-        index = (kw + j[None, :]) - (ky + i) - d_min
-        cell = (i + f[index]).ravel()
-        mass = (qy[i] * qw[None, :]).ravel()
-        up = frac[index].ravel() * mass
-        out += np.bincount(cell, weights=mass - up, minlength=size)
-        out += np.bincount(cell + 1, weights=up, minlength=size)
+        stop = min(qy.size, start + _ROW_BLOCK)
+        block_cell, mass, moved = cell[: stop - start], down[: stop - start], up[: stop - start]
+        np.add(rows[: stop - start] + start, f_rows[start:stop], out=block_cell)
+        np.multiply(qy[start:stop, None], qw[None, :], out=mass)
+        np.multiply(frac_rows[start:stop], mass, out=moved)
+        np.subtract(mass, moved, out=mass)
+        cells = block_cell.reshape(-1)
+        out += np.bincount(cells, weights=mass.reshape(-1), minlength=size)
+        # The upper end: cell + 1 (out[0] += 0.0 would change nothing).
+        out[1:] += np.bincount(cells, weights=moved.reshape(-1), minlength=size - 1)
     # Atoms at zero: 0 + w = w (cells kw - ky + j), y + 0 = y, 0 + 0 = 0.
     out[kw - ky : kw - ky + qw.size] += zy * qw
     out[: qy.size] += zw * qy
