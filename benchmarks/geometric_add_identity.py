@@ -2,8 +2,8 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/geometric_add_identity.py [--timing]
 
-``_reference_add`` below is ``_geometric_add`` as it was before the Toeplitz rewrite (commit
-485e58a), copied verbatim. The script compares, bit for bit (the bytes of every
+``_reference_add`` below is ``_geometric_add`` as it was before the Toeplitz / chunked-seed
+rewrite (commit 485e58a), copied verbatim. The script compares, bit for bit (the bytes of every
 array, so ``-0.0`` and NaN payloads count; ints and floats by value and bits):
 
 1. every ``_geometric_add`` call made while building the pairs of ``SETTINGS`` with
@@ -12,7 +12,7 @@ array, so ``-0.0`` and NaN payloads count; ints and floats by value and bits):
    (every field of the :class:`ShuffleGaussianPair`);
 3. random inputs: offsets with either order (so the swap happens), sizes 1..600 (most not a
    multiple of the block), positive masses with some zeros, atoms at zero or not, log-steps in
-   ``[0.001, 0.02]``.
+   ``[0.001, 0.02]``, each at the default chunk size and at small ones (many chunks per block).
 
 With ``--timing`` it then times old against new, interleaved in this process (medians), for
 pair builds and for the add alone, and prints ``/proc/loadavg``. Exits 1 on any difference.
@@ -158,17 +158,26 @@ def _random_part(rng: np.random.Generator) -> Part:
 
 
 def check_random(count: int, seed: int = 20240611) -> int:
-    """Compare ``count`` random additions; return the comparisons."""
+    """Compare ``count`` random additions at several chunk sizes; return the comparisons."""
     rng = np.random.default_rng(seed)
-    for index in range(count):
-        y, w = _random_part(rng), _random_part(rng)
-        step = float(rng.uniform(0.001, 0.02))
-        if not _same_part(geometric._geometric_add(y, w, step), _reference_add(y, w, step)):
-            sys.exit(
-                f"DIFFERENT random add #{index}: "
-                f"ky={y[0]} kw={w[0]} sizes {y[1].size} {w[1].size} step={step!r}"
-            )
-    return count
+    chunk_products = geometric._CHUNK_PRODUCTS
+    compared = 0
+    try:
+        for index in range(count):
+            y, w = _random_part(rng), _random_part(rng)
+            step = float(rng.uniform(0.001, 0.02))
+            expected = _reference_add(y, w, step)
+            for products in (chunk_products, 1, 997, 4096):
+                geometric._CHUNK_PRODUCTS = products
+                if not _same_part(geometric._geometric_add(y, w, step), expected):
+                    sys.exit(
+                        f"DIFFERENT random add #{index} (chunk products {products}): "
+                        f"ky={y[0]} kw={w[0]} sizes {y[1].size} {w[1].size} step={step!r}"
+                    )
+                compared += 1
+    finally:
+        geometric._CHUNK_PRODUCTS = chunk_products
+    return compared
 
 
 def _median_times(functions: dict[str, object], repeats: int) -> dict[str, float]:

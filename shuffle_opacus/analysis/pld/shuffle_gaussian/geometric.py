@@ -22,6 +22,9 @@ from .pair import (
     _report_cut,
 )
 
+#: Products per ``bincount`` call of :func:`_geometric_add` (a chunk of rows that stays in cache).
+_CHUNK_PRODUCTS = 1 << 17
+
 
 def _geometric_term(a: float, x_max: float, step: float) -> tuple[int, np.ndarray, float]:
     """One report's ratio ``W = e^{a x - a^2/2}`` (cut at ``x <= x_max``) on a geometric grid.
@@ -85,9 +88,12 @@ def _geometric_add(
     between the two neighbouring grid points keeping its mean (a mean-preserving spread).
 
     Row ``i`` reads ``f`` and the split at ``d - d_min = c - i + j`` (``c`` fixed): a Toeplitz
-    matrix, read as reversed sliding windows without an index array, into buffers reused by
-    every block of :data:`_ROW_BLOCK` rows. Each block's per-cell sums (one ``bincount`` per
-    end, the upper end's shifted by one cell) are added to the result.
+    matrix, read as reversed sliding windows without an index array. The sums are added in
+    blocks of :data:`_ROW_BLOCK` rows, each block's per-cell sums (one ``bincount`` per end)
+    added to the result. A block's products are made a chunk of rows at a time, to stay in
+    cache: each chunk's ``bincount`` starts with one seed per cell, the cell's sum so far
+    (``0.0 + p == p``: sums from ``+0.0`` are never ``-0.0``), so every cell's sum is added in
+    the same order as one ``bincount`` over the block and is the same to the bit.
     """
     if y[0] > w[0]:
         y, w = w, y
@@ -103,22 +109,34 @@ def _geometric_add(
     m = qw.size
     f_rows = sliding_window_view(f, m)[::-1]  # f_rows[i, j] = f[qy.size - 1 - i + j]
     frac_rows = sliding_window_view(frac, m)[::-1]
-    block = min(qy.size, _ROW_BLOCK)
-    cell = np.empty((block, m), dtype=np.int64)
-    down = np.empty((block, m))  # mass kept at the cell's lower end
-    up = np.empty((block, m))  # mass moved to its upper end
-    rows = np.arange(block)[:, None]
+    chunk = max(1, min(qy.size, _ROW_BLOCK, _CHUNK_PRODUCTS // m))
+    # Buffers: [one seed per cell | a chunk's products, row by row]; a seed's cell is its index.
+    cell = np.empty(size + chunk * m, dtype=np.int64)
+    cell[:size] = np.arange(size)
+    down = np.empty(cell.size)  # mass kept at the cell's lower end
+    up = np.empty(cell.size)  # mass moved to its upper end
+    rows = np.arange(chunk)[:, None]
     for start in range(0, qy.size, _ROW_BLOCK):
         stop = min(qy.size, start + _ROW_BLOCK)
-        block_cell, mass, moved = cell[: stop - start], down[: stop - start], up[: stop - start]
-        np.add(rows[: stop - start] + start, f_rows[start:stop], out=block_cell)
-        np.multiply(qy[start:stop, None], qw[None, :], out=mass)
-        np.multiply(frac_rows[start:stop], mass, out=moved)
-        np.subtract(mass, moved, out=mass)
-        cells = block_cell.reshape(-1)
-        out += np.bincount(cells, weights=mass.reshape(-1), minlength=size)
-        # The upper end: cell + 1 (out[0] += 0.0 would change nothing).
-        out[1:] += np.bincount(cells, weights=moved.reshape(-1), minlength=size - 1)
+        seeds = size  # the block's first chunk has none
+        for row in range(start, stop, chunk):
+            row_end = min(stop, row + chunk)
+            end = size + (row_end - row) * m
+            chunk_cell = cell[size:end].reshape(-1, m)
+            mass = down[size:end].reshape(-1, m)
+            moved = up[size:end].reshape(-1, m)
+            np.add(rows[: row_end - row] + row, f_rows[row:row_end], out=chunk_cell)
+            np.multiply(qy[row:row_end, None], qw[None, :], out=mass)
+            np.multiply(frac_rows[row:row_end], mass, out=moved)
+            np.subtract(mass, moved, out=mass)
+            sums_down = np.bincount(cell[seeds:end], weights=down[seeds:end], minlength=size)
+            sums_up = np.bincount(cell[seeds:end], weights=up[seeds:end], minlength=size)
+            # Cells below ``start`` get nothing from this block: no seeds needed there.
+            down[start:size] = sums_down[start:]
+            up[start:size] = sums_up[start:]
+            seeds = start
+        out += sums_down
+        out[1:] += sums_up[:-1]  # the upper end: cell + 1 (out[0] += 0.0 changes nothing)
     # Atoms at zero: 0 + w = w (cells kw - ky + j), y + 0 = y, 0 + 0 = 0.
     out[kw - ky : kw - ky + qw.size] += zy * qw
     out[: qy.size] += zw * qy
