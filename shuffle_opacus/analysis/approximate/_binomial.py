@@ -101,6 +101,32 @@ def _log_kernel(
         return np.asarray(np.log(kernels[name.removeprefix("log")](np.floor(x), n, p)))
 
 
+def half_pmf_sf(k: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``binom_pmf(k, n, 0.5)`` and ``binom_sf(k, n, 0.5)`` without the checks, for the clones sum.
+
+    Only for float arrays ``n`` of integers ``>= 0`` and ``k`` of integers in ``[0, n + 1]``
+    (broadcast together), where every check of the public functions passes and only the end
+    of the support is settled without the kernel. There the values are the very same floats
+    (the kernels are elementwise; the points off the support get the same 0, the others the
+    same clipped kernel value): :func:`binom_pmf` and :func:`binom_sf` spend nearly all their
+    time on numpy call overhead for the few points the clones sum asks about.
+
+    Args:
+        k: Points (float array of integers in ``[0, n + 1]``).
+        n: Numbers of trials (float array of integers ``>= 0``), broadcast with ``k``.
+
+    Returns:
+        The masses and the upper tails ``Pr[Bin(n, 1/2) > k]``, broadcast over ``k`` and ``n``.
+    """
+    kernels = _kernels()
+    if kernels is None:
+        return binom_pmf(k, n, 0.5), binom_sf(k, n, 0.5)
+    # Off the support the kernels give nan, which np.where drops.
+    pmf = np.where(k <= n, np.clip(kernels["pmf"](k, n, 0.5), 0.0, 1.0), 0.0)
+    sf = np.where(k < n, np.clip(kernels["sf"](k, n, 0.5), 0.0, 1.0), 0.0)
+    return pmf, sf
+
+
 def binom_pmf(k: Any, n: Any, p: Any) -> Any:
     """``Pr[Bin(n, p) = k]``, as ``scipy.stats.binom.pmf(k, n, p)``.
 

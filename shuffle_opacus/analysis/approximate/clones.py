@@ -33,7 +33,7 @@ from ...common.validation import (
     check_sigma,
 )
 from ..options import CLONES_METHODS
-from ._binomial import binom_cdf, binom_isf, binom_pmf, binom_ppf, binom_sf
+from ._binomial import binom_cdf, binom_isf, binom_pmf, binom_ppf, binom_sf, half_pmf_sf
 from ._minimize import minimize_bounded
 from .analytic_gaussian import gaussian_dp_epsilon
 
@@ -122,10 +122,15 @@ def _delta_given_c(eps: float, c: np.ndarray, q: float) -> np.ndarray:
         return np.zeros_like(c)
     r_star = (ratio * q - (1.0 - q)) / a  # >= 1
     s0 = np.floor(r_star * (c + 1.0) / (1.0 + r_star)) + 1.0
+    # The three candidates in one array (every operation is elementwise): points s - 1.
+    k = np.clip(np.stack((s0 - 1.0, s0, s0 + 1.0)), 1.0, c + 2.0) - 1.0
+    if math.isfinite(r_star):  # then k holds integers in [0, c + 1], as half_pmf_sf needs
+        pmf, sf = half_pmf_sf(k, c)
+    else:
+        pmf, sf = binom_pmf(k, c, 0.5), binom_sf(k, c, 0.5)
+    terms = a * pmf - math.expm1(eps) * sf
     best = np.zeros_like(c)
-    for s in (s0 - 1.0, s0, s0 + 1.0):
-        s = np.clip(s, 1.0, c + 2.0)
-        term = a * binom_pmf(s - 1.0, c, 0.5) - math.expm1(eps) * binom_sf(s - 1.0, c, 0.5)
+    for term in terms:
         best = np.maximum(best, term)
     return best
 
@@ -150,10 +155,25 @@ def clones_delta(eps: float, *, n: int, eps0: float, tail: float = 1e-16) -> Clo
     eps = check_nonnegative("eps", eps)
     if not (0 < tail <= 1e-3):
         raise ValueError(f"tail must be in (0, 1e-3]. Found {tail!r}.")
-    q = 1.0 / (1.0 + math.exp(-eps0))  # Pr[D = 1]
-    c, weights, omitted = _mixing_weights(n, eps0, tail)
-    bulk = float(np.dot(weights, _delta_given_c(eps, c, q)))
-    return CloneBounds(lower=bulk, upper=min(1.0, bulk + omitted))
+    return _Pair(n, eps0, tail).bounds(eps)
+
+
+class _Pair:
+    """The clones pair at ``(n, eps0, tail)``, checked, for evaluating ``delta`` many times.
+
+    What depends on ``eps`` alone is recomputed at each :meth:`bounds`; the rest (``q``, the
+    grid of ``C`` and its weights) is looked up once: the same floats :func:`clones_delta`
+    computes at every call.
+    """
+
+    def __init__(self, n: int, eps0: float, tail: float) -> None:
+        self.q = 1.0 / (1.0 + math.exp(-eps0))  # Pr[D = 1]
+        self.c, self.weights, self.omitted = _mixing_weights(n, eps0, tail)
+
+    def bounds(self, eps: float) -> CloneBounds:
+        """:func:`clones_delta` at ``eps`` (a finite float >= 0)."""
+        bulk = float(np.dot(self.weights, _delta_given_c(eps, self.c, self.q)))
+        return CloneBounds(lower=bulk, upper=min(1.0, bulk + self.omitted))
 
 
 def clones_epsilon(
@@ -183,13 +203,14 @@ def clones_epsilon(
     n, eps0 = _check(n, eps0)
     delta = check_delta(delta)
     tol = check_positive("tol", tol)
-    if clones_delta(0.0, n=n, eps0=eps0, tail=tail).upper <= delta:
+    if clones_delta(0.0, n=n, eps0=eps0, tail=tail).upper <= delta:  # also checks tail
         return CloneBounds(lower=0.0, upper=0.0)
+    pair = _Pair(n, eps0, tail)  # clones_delta(mid, ...) without its checks: mid is a float
     # Upper bound: bisection on the certified (upper) delta.
     lo, hi = 0.0, eps0
     while hi - lo > tol:
         mid = 0.5 * (lo + hi)
-        if clones_delta(mid, n=n, eps0=eps0, tail=tail).upper <= delta:
+        if pair.bounds(mid).upper <= delta:
             hi = mid
         else:
             lo = mid
@@ -198,7 +219,7 @@ def clones_epsilon(
     lo2, hi2 = 0.0, upper
     while hi2 - lo2 > tol:
         mid = 0.5 * (lo2 + hi2)
-        if clones_delta(mid, n=n, eps0=eps0, tail=tail).lower > delta:
+        if pair.bounds(mid).lower > delta:
             lo2 = mid
         else:
             hi2 = mid
@@ -316,9 +337,12 @@ def _gaussian_at(
     if (math.exp(eps0) + 1.0) * factor >= delta:
         return math.inf, eps0, 0.0
     if method == "numerical":
+        # clones_delta(eps, n=n, eps0=eps0) without repeating its checks at every eps (all
+        # finite floats >= 0 here): they raise, if at all, where the first one would.
+        pair = _Pair(*_check(n, eps0), 1e-16)
 
         def spent(eps: float) -> float:
-            return clones_delta(eps, n=n, eps0=eps0).upper + (math.exp(eps) + 1.0) * factor
+            return pair.bounds(eps).upper + (math.exp(eps) + 1.0) * factor
 
         if spent(0.0) <= delta:
             return 0.0, eps0, delta - 2.0 * factor
