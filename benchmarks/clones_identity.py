@@ -25,7 +25,8 @@ also tells ``0.0`` from ``-0.0`` and matches ``nan``), every array by dtype, sha
 
 It prints the number of comparisons and exits 1 at the first difference. With ``--time`` it
 then times old and new interleaved in this process (``round_profile`` at the quick config's
-setting, ``clones_gaussian`` at n = 60,000, sigma 0.5, delta 1e-5) and prints the ratios
+setting, ``clones_gaussian`` at n = 60,000, sigma 0.5, delta 1e-5; CPU time of this process, less
+sensitive than wall time to other processes on the machine) and prints the ratios
 old / new per round and their median, with ``/proc/loadavg`` before and after.
 """
 
@@ -241,9 +242,9 @@ def time_both(base: dict[str, types.ModuleType], rounds: int) -> None:
             for which, fn in (
                 (("old", old), ("new", new)) if r % 2 == 0 else (("new", new), ("old", old))
             ):
-                start = time.perf_counter()
+                start = time.process_time()
                 fn()
-                times[which] = time.perf_counter() - start
+                times[which] = time.process_time() - start
             olds.append(times["old"])
             news.append(times["new"])
             ratios.append(times["old"] / times["new"])

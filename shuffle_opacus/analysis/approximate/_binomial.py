@@ -63,14 +63,14 @@ def _evaluate(
     ``ends(x, n)`` gives the points whose value follows from the support alone (outside it, or
     a quantile at 0 or 1) and their values; invalid parameters and ``nan`` give ``nan``.
     """
-    x, n, p = np.broadcast_arrays(
-        np.asarray(x, dtype=float), np.asarray(n, dtype=float), np.asarray(p, dtype=float)
-    )
-    valid = (n >= 0) & (n == np.round(n)) & (p >= 0) & (p <= 1) & ~np.isnan(x)
+    x, n, p = np.asarray(x, dtype=float), np.asarray(n, dtype=float), np.asarray(p, dtype=float)
+    if not x.shape == n.shape == p.shape:  # (broadcasting equal shapes would change nothing)
+        x, n, p = np.broadcast_arrays(x, n, p)
+    valid = (n >= 0) & (n == n.round()) & (p >= 0) & (p <= 1) & ~np.isnan(x)
     settled, value = ends(x, n)
     out = np.where(settled, value, np.nan)
     ask = valid & ~settled
-    if np.any(ask):
+    if ask.any():
         kernels = _kernels()
         assert kernels is not None
         if name.startswith("log"):
@@ -78,7 +78,7 @@ def _evaluate(
         else:
             found = kernels[name](x[ask], n[ask], p[ask])
             # scipy clips masses and tails to [0, 1], and adds its location (0) to quantiles.
-            out[ask] = found + 0.0 if name in ("ppf", "isf") else np.clip(found, 0.0, 1.0)
+            out[ask] = found + 0.0 if name in ("ppf", "isf") else found.clip(0.0, 1.0)
     out[~valid] = np.nan
     return out[()] if out.ndim == 0 else out
 
@@ -122,8 +122,8 @@ def half_pmf_sf(k: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if kernels is None:
         return binom_pmf(k, n, 0.5), binom_sf(k, n, 0.5)
     # Off the support the kernels give nan, which np.where drops.
-    pmf = np.where(k <= n, np.clip(kernels["pmf"](k, n, 0.5), 0.0, 1.0), 0.0)
-    sf = np.where(k < n, np.clip(kernels["sf"](k, n, 0.5), 0.0, 1.0), 0.0)
+    pmf = np.where(k <= n, kernels["pmf"](k, n, 0.5).clip(0.0, 1.0), 0.0)
+    sf = np.where(k < n, kernels["sf"](k, n, 0.5).clip(0.0, 1.0), 0.0)
     return pmf, sf
 
 

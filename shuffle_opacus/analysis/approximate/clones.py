@@ -104,6 +104,10 @@ def _bulk(trials: int, p: float, tail: float) -> tuple[int, int]:
     return lo, max(lo, hi)
 
 
+_NEIGHBOURS = np.array([[-1.0], [0.0], [1.0]])
+_NEIGHBOURS.setflags(write=False)
+
+
 def _delta_given_c(eps: float, c: np.ndarray, q: float) -> np.ndarray:
     """``sum_x max(0, P(x | C=c) - e^eps Q(x | C=c))`` for every ``c``, in closed form.
 
@@ -122,8 +126,9 @@ def _delta_given_c(eps: float, c: np.ndarray, q: float) -> np.ndarray:
         return np.zeros_like(c)
     r_star = (ratio * q - (1.0 - q)) / a  # >= 1
     s0 = np.floor(r_star * (c + 1.0) / (1.0 + r_star)) + 1.0
-    # The three candidates in one array (every operation is elementwise): points s - 1.
-    k = np.clip(np.stack((s0 - 1.0, s0, s0 + 1.0)), 1.0, c + 2.0) - 1.0
+    # The three candidates s0 - 1, s0, s0 + 1 (s0 + (-1.0) is s0 - 1.0 to the bit) as the rows
+    # of one array, every operation below being elementwise; then the points s - 1.
+    k = (s0 + _NEIGHBOURS).clip(1.0, c + 2.0) - 1.0
     if math.isfinite(r_star):  # then k holds integers in [0, c + 1], as half_pmf_sf needs
         pmf, sf = half_pmf_sf(k, c)
     else:
