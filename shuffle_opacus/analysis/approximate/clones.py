@@ -417,18 +417,27 @@ def clones_gaussian(
         raise ValueError(f"method must be one of {', '.join(CLONES_METHODS)}. Found {method!r}.")
     top = math.log(delta / (3.0 * n))  # (e^eps + 1)(1 + e^-eps0/2) n delta0 < delta needs this
     grid = top - np.linspace(0.0, 80.0, 11)
+    # The search returns a point it evaluated: remember its answers instead of recomputing the
+    # one asked for again (_gaussian_at is a function of its arguments alone).
+    seen: dict[float, tuple[float, float, float]] = {}
+
+    def at(log_delta0: float) -> tuple[float, float, float]:
+        if log_delta0 not in seen:
+            seen[log_delta0] = _gaussian_at(log_delta0, n, sigma, delta, method, tol)
+        return seen[log_delta0]
+
     values = [_gaussian_at(g, n, sigma, delta, method, tol) for g in grid]
     best = min(range(len(grid)), key=lambda i: values[i][0])
     if math.isfinite(values[best][0]):
         lo_g = grid[min(best + 1, len(grid) - 1)]
         hi_g = grid[max(best - 1, 0)]
         found = minimize_bounded(
-            lambda g: min(_gaussian_at(g, n, sigma, delta, method, tol)[0], 1e6),
+            lambda g: min(at(g)[0], 1e6),
             float(lo_g),
             float(hi_g),
             xatol=1e-2,
         )
-        refined = _gaussian_at(found, n, sigma, delta, method, tol)
+        refined = at(found)
         choice, log_d0 = (
             (refined, found)
             if refined[0] < values[best][0]
