@@ -189,13 +189,10 @@ def test_monotone_in_steps_rate_and_sigma():
     assert shuffle_gaussian_epsilon(1e-5, **{**base, "sigma": 1.5}, steps=50) <= eps
 
 
-def test_heavy_tails_are_evaluated_and_beat_rdp():
-    # quick.yaml's analysis sigma 0.5: each report's W is log-normal with log-sd 2.
-    pld = compute_epsilon("checkin", n=3000, rate=0.05, sigma=0.5, steps=100, delta=1e-5,
-                          method="pld")  # fmt: skip
-    rdp = compute_epsilon("checkin", n=3000, rate=0.05, sigma=0.5, steps=100, delta=1e-5,
-                          method="exact")  # fmt: skip
-    assert 0 < pld.epsilon < rdp.epsilon
+# Heavy tails (quick.yaml's analysis sigma 0.5: each report's W log-normal with log-sd 2) are
+# evaluated by pld and beat the Rényi bound: checked at quick.yaml's own setting by
+# tests/test_repository.py::test_readme_main_job_is_the_quick_experiment, which computes both
+# curves there anyway (the pld pair at sigma 0.5 costs about 6 s of CPU at any n).
 
 
 @pytest.mark.parametrize(
