@@ -12,7 +12,8 @@ array, so ``-0.0`` and NaN payloads count; ints and floats by value and bits):
    (every field of the :class:`ShuffleGaussianPair`);
 3. random inputs: offsets with either order (so the swap happens), sizes 1..600 (most not a
    multiple of the block), positive masses with some zeros, atoms at zero or not, log-steps in
-   ``[0.001, 0.02]``, each at the default chunk size and at small ones (many chunks per block).
+   ``[0.001, 0.02]`` or tiny (``1e-7`` to ``1e-5``, as at a large sigma), each at the default
+   chunk size and at small ones (many chunks per block).
 
 With ``--timing`` it then times old against new, interleaved in this process (medians), for
 pair builds and for the add alone, and prints ``/proc/loadavg``. Exits 1 on any difference.
@@ -165,7 +166,12 @@ def check_random(count: int, seed: int = 20240611) -> int:
     try:
         for index in range(count):
             y, w = _random_part(rng), _random_part(rng)
-            step = float(rng.uniform(0.001, 0.02))
+            # Mostly the usual steps; one in four tiny (a large sigma: f(d) near log(2)/step,
+            # about 1e6, so the cells of a block lie in a narrow window far from cell 0).
+            if rng.random() < 0.25:
+                step = float(10.0 ** rng.uniform(-7.0, -5.0))
+            else:
+                step = float(rng.uniform(0.001, 0.02))
             expected = _reference_add(y, w, step)
             for products in (chunk_products, 1, 997, 4096):
                 geometric._CHUNK_PRODUCTS = products
@@ -193,7 +199,12 @@ def _median_times(functions: dict[str, object], repeats: int) -> dict[str, float
 def timing(repeats: int = 5) -> None:
     """Old against new, interleaved: pair builds and the add alone (median seconds)."""
     print(f"load before: {open('/proc/loadavg').read().strip()}")
-    for setting in [(2, 2, 1.0, 0.5), (10, 10, 1.0, 0.3), (64, 64, 0.25, 0.640870806240823)]:
+    for setting in [
+        (2, 2, 1.0, 0.5),
+        (2, 2, 1.0, 5000.0),  # a tiny step: the cells of each block in a narrow, far window
+        (10, 10, 1.0, 0.3),
+        (64, 64, 0.25, 0.640870806240823),
+    ]:
         medians = _median_times(
             {
                 "old": lambda s=setting: _build(s, _reference_add),

@@ -89,11 +89,12 @@ def _geometric_add(
 
     Row ``i`` reads ``f`` and the split at ``d - d_min = c - i + j`` (``c`` fixed): a Toeplitz
     matrix, read as reversed sliding windows without an index array. The sums are added in
-    blocks of :data:`_ROW_BLOCK` rows, each block's per-cell sums (one ``bincount`` per end)
-    added to the result. A block's products are made a chunk of rows at a time, to stay in
-    cache: each chunk's ``bincount`` starts with one seed per cell, the cell's sum so far
-    (``0.0 + p == p``: sums from ``+0.0`` are never ``-0.0``), so every cell's sum is added in
-    the same order as one ``bincount`` over the block and is the same to the bit.
+    blocks of :data:`_ROW_BLOCK` rows, each block's per-cell sums (one ``bincount`` per end,
+    over the window of cells the block reaches) added to the result. A block's products are
+    made a chunk of rows at a time, to stay in cache: each chunk's ``bincount`` starts with one
+    seed per cell, the cell's sum so far (``0.0 + p == p``: sums from ``+0.0`` are never
+    ``-0.0``), so every cell's sum is added in the same order as one ``bincount`` over the
+    block and is the same to the bit.
     """
     if y[0] > w[0]:
         y, w = w, y
@@ -110,33 +111,39 @@ def _geometric_add(
     f_rows = sliding_window_view(f, m)[::-1]  # f_rows[i, j] = f[qy.size - 1 - i + j]
     frac_rows = sliding_window_view(frac, m)[::-1]
     chunk = max(1, min(qy.size, _ROW_BLOCK, _CHUNK_PRODUCTS // m))
-    # Buffers: [one seed per cell | a chunk's products, row by row]; a seed's cell is its index.
-    cell = np.empty(size + chunk * m, dtype=np.int64)
-    cell[:size] = np.arange(size)
-    down = np.empty(cell.size)  # mass kept at the cell's lower end
-    up = np.empty(cell.size)  # mass moved to its upper end
     rows = np.arange(chunk)[:, None]
     for start in range(0, qy.size, _ROW_BLOCK):
         stop = min(qy.size, start + _ROW_BLOCK)
-        seeds = size  # the block's first chunk has none
+        # The block's cells lie in a window [lo, lo + width): its rows read f at d - d_min from
+        # qy.size - stop to qy.size - 1 - start + m - 1 (narrow, while f itself may be ~1e6).
+        reach = f[qy.size - stop : qy.size - start + m - 1]
+        lo = start + int(reach.min())
+        width = stop + int(reach.max()) - lo
+        # Buffers: [one seed per cell of the window | a chunk's products, row by row]; seed k
+        # is cell lo + k, and the cells are stored as offsets from lo.
+        cell = np.empty(width + chunk * m, dtype=np.int64)
+        cell[:width] = np.arange(width)
+        down = np.empty(cell.size)  # mass kept at the cell's lower end
+        up = np.empty(cell.size)  # mass moved to its upper end
+        seeds = width  # the block's first chunk has none
         for row in range(start, stop, chunk):
             row_end = min(stop, row + chunk)
-            end = size + (row_end - row) * m
-            chunk_cell = cell[size:end].reshape(-1, m)
-            mass = down[size:end].reshape(-1, m)
-            moved = up[size:end].reshape(-1, m)
-            np.add(rows[: row_end - row] + row, f_rows[row:row_end], out=chunk_cell)
+            end = width + (row_end - row) * m
+            chunk_cell = cell[width:end].reshape(-1, m)
+            mass = down[width:end].reshape(-1, m)
+            moved = up[width:end].reshape(-1, m)
+            np.add(rows[: row_end - row] + (row - lo), f_rows[row:row_end], out=chunk_cell)
             np.multiply(qy[row:row_end, None], qw[None, :], out=mass)
             np.multiply(frac_rows[row:row_end], mass, out=moved)
             np.subtract(mass, moved, out=mass)
-            sums_down = np.bincount(cell[seeds:end], weights=down[seeds:end], minlength=size)
-            sums_up = np.bincount(cell[seeds:end], weights=up[seeds:end], minlength=size)
-            # Cells below ``start`` get nothing from this block: no seeds needed there.
-            down[start:size] = sums_down[start:]
-            up[start:size] = sums_up[start:]
-            seeds = start
-        out += sums_down
-        out[1:] += sums_up[:-1]  # the upper end: cell + 1 (out[0] += 0.0 changes nothing)
+            sums_down = np.bincount(cell[seeds:end], weights=down[seeds:end], minlength=width)
+            sums_up = np.bincount(cell[seeds:end], weights=up[seeds:end], minlength=width)
+            down[:width] = sums_down
+            up[:width] = sums_up
+            seeds = 0
+        # Cells outside the window get +0.0 from the block: adding it changes nothing.
+        out[lo : lo + width] += sums_down
+        out[lo + 1 : lo + 1 + width] += sums_up  # the upper end: cell + 1
     # Atoms at zero: 0 + w = w (cells kw - ky + j), y + 0 = y, 0 + 0 = 0.
     out[kw - ky : kw - ky + qw.size] += zy * qw
     out[: qy.size] += zw * qy
