@@ -161,6 +161,10 @@ def pair_chunks(
         starts[k] = a_lo
         widths[k] = a_hi + 1 - a_lo + 1
     ends = np.cumsum(widths)
+    # log Gamma at every integer the outcomes need (a, a + 1, c - a + 1, c - a + 2 and c + 1 lie
+    # in [0, c_hi + 2]), evaluated once each and looked up: the same values as gammaln at each
+    # outcome (about 10^7 of them at n = 10^6), bit for bit.
+    log_gamma = gammaln(np.arange(c_hi + 3, dtype=float))
     first = 0
     while first < cs.size:
         last = int(np.searchsorted(ends, ends[first] - widths[first] + _CHUNK_POINTS, "right"))
@@ -171,13 +175,15 @@ def pair_chunks(
         offsets = np.arange(int(w.sum())) - np.repeat(np.cumsum(w) - w, w)
         a = np.repeat(starts[sel], w) + offsets
         b = c + 1 - a
-        log_norm = np.repeat(log_pc[sel] - cs[sel] * math.log(2.0), w) + gammaln(c + 1.0)
+        log_norm = np.repeat(log_pc[sel] - cs[sel] * math.log(2.0), w) + log_gamma[c + 1]
         with np.errstate(invalid="ignore"):
             # log binom(c, a - 1) and log binom(c, a); -inf where the coefficient is zero.
             lb0 = np.where(
-                (a >= 1) & (a - 1 <= c), log_norm - gammaln(a) - gammaln(c - a + 2.0), -np.inf
+                (a >= 1) & (a - 1 <= c),
+                log_norm - log_gamma[a] - log_gamma[c - a + 2],
+                -np.inf,
             )
-            lb1 = np.where(a <= c, log_norm - gammaln(a + 1.0) - gammaln(c - a + 1.0), -np.inf)
+            lb1 = np.where(a <= c, log_norm - log_gamma[a + 1] - log_gamma[c - a + 1], -np.inf)
         log_p = np.logaddexp(log_q_w + lb0, log_p_w + lb1)
         log_q = np.logaddexp(log_p_w + lb0, log_q_w + lb1)
         loss = np.log((e * a + b) / (a + e * b))
