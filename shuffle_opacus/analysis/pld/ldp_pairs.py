@@ -161,10 +161,6 @@ def pair_chunks(
         starts[k] = a_lo
         widths[k] = a_hi + 1 - a_lo + 1
     ends = np.cumsum(widths)
-    # log Gamma at every integer the outcomes need (a, a + 1, c - a + 1, c - a + 2 and c + 1 lie
-    # in [0, c_hi + 2]), evaluated once each and looked up: the same values as gammaln at each
-    # outcome (about 10^7 of them at n = 10^6), bit for bit.
-    log_gamma = gammaln(np.arange(c_hi + 3, dtype=float))
     first = 0
     while first < cs.size:
         last = int(np.searchsorted(ends, ends[first] - widths[first] + _CHUNK_POINTS, "right"))
@@ -175,15 +171,24 @@ def pair_chunks(
         offsets = np.arange(int(w.sum())) - np.repeat(np.cumsum(w) - w, w)
         a = np.repeat(starts[sel], w) + offsets
         b = c + 1 - a
-        log_norm = np.repeat(log_pc[sel] - cs[sel] * math.log(2.0), w) + log_gamma[c + 1]
+        # log Gamma at the integers this chunk needs, evaluated once each and looked up: the
+        # same values as gammaln at every outcome, bit for bit, with a few tables no longer
+        # than the chunk (c + 1 per c; a and a + 1; c - a + 1 and c - a + 2).
+        r = c - a
+        a_low, r_low = int(a.min()), int(r.min()) + 1
+        by_a = gammaln(np.arange(a_low, int(a.max()) + 2, dtype=float))
+        by_r = gammaln(np.arange(r_low, int(r.max()) + 3, dtype=float))
+        log_norm = np.repeat(log_pc[sel] - cs[sel] * math.log(2.0), w) + np.repeat(
+            gammaln(cs[sel] + 1.0), w
+        )
         with np.errstate(invalid="ignore"):
             # log binom(c, a - 1) and log binom(c, a); -inf where the coefficient is zero.
             lb0 = np.where(
                 (a >= 1) & (a - 1 <= c),
-                log_norm - log_gamma[a] - log_gamma[c - a + 2],
+                log_norm - by_a[a - a_low] - by_r[r + 2 - r_low],
                 -np.inf,
             )
-            lb1 = np.where(a <= c, log_norm - log_gamma[a + 1] - log_gamma[c - a + 1], -np.inf)
+            lb1 = np.where(a <= c, log_norm - by_a[a + 1 - a_low] - by_r[r + 1 - r_low], -np.inf)
         log_p = np.logaddexp(log_q_w + lb0, log_p_w + lb1)
         log_q = np.logaddexp(log_p_w + lb0, log_q_w + lb1)
         loss = np.log((e * a + b) / (a + e * b))
