@@ -5,8 +5,8 @@
 Checks that the working tree's ``clones.py``, ``_binomial.py`` and ``baselines.py`` (of
 ``shuffle_opacus/analysis/approximate``) return bit for bit the floats of revision ``REV``
 (default: the commit before they were made faster). The base files are read with
-``git show REV:PATH`` and loaded beside the package as ``_head_binomial``, ``_head_clones``
-and ``_head_baselines`` (only their imports of each other are renamed), so that both versions
+``git show REV:PATH`` and loaded beside the package as ``_base_binomial``, ``_base_clones``
+and ``_base_baselines`` (only their imports of each other are renamed), so that both versions
 run in one process on the same numpy and scipy. Every float is compared by its bits (which
 also tells ``0.0`` from ``-0.0`` and matches ``nan``), every array by dtype, shape and bytes
 (``np.array_equal`` as well), ``None`` by identity:
@@ -33,12 +33,9 @@ old / new per round and their median, with ``/proc/loadavg`` before and after.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import statistics
 import struct
-import subprocess
-import sys
 import time
 import types
 import warnings
@@ -46,41 +43,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from base_revision import load_base_module
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "485e58ae4aac3744f8a44d52b8290fd690e9b4cc"
-PACKAGE = "shuffle_opacus.analysis.approximate"
 FOLDER = "shuffle_opacus/analysis/approximate"
 CONFIGS = ("configs/quick.yaml", "configs/smoke.yaml")
 
 
 def load_base(rev: str) -> dict[str, types.ModuleType]:
-    """The three modules at ``rev``, loaded as ``PACKAGE._head_<name>``."""
-    importlib.import_module(PACKAGE)
+    """The three modules at ``rev``, beside their package as ``_base_<name>`` (base_revision.py)."""
     renames = {
-        "from ._binomial import": "from ._head_binomial import",
-        "from .clones import": "from ._head_clones import",
+        "from ._binomial import": "from ._base_binomial import",
+        "from .clones import": "from ._base_clones import",
     }
-    out = {}
-    for name in ("_binomial", "clones", "baselines"):
-        text = subprocess.run(
-            ["git", "show", f"{rev}:{FOLDER}/{name}.py"],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        for old, new in renames.items():
-            text = text.replace(old, new)
-        full = f"{PACKAGE}._head_{name.lstrip('_')}"
-        spec = importlib.util.spec_from_loader(full, loader=None)
-        assert spec is not None
-        module = importlib.util.module_from_spec(spec)
-        module.__package__ = PACKAGE
-        sys.modules[full] = module
-        exec(compile(text, f"{rev[:8]}:{name}.py", "exec"), module.__dict__)
-        out[name] = module
-    return out
+    return {
+        name: load_base_module(rev, f"{FOLDER}/{name}.py", renames=renames)
+        for name in ("_binomial", "clones", "baselines")
+    }
 
 
 class Counter:

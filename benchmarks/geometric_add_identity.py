@@ -3,8 +3,9 @@
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/geometric_add_identity.py [--timing]
 
 ``_reference_add`` below is ``_geometric_add`` as it was before the Toeplitz / chunked-seed
-rewrite (commit 485e58a), copied verbatim. The script compares, bit for bit (the bytes of every
-array, so ``-0.0`` and NaN payloads count; ints and floats by value and bits):
+rewrite (commit 485e58a), read from git beside the package (``base_revision.py``). The script
+compares, bit for bit (the bytes of every array, so ``-0.0`` and NaN payloads count; ints and
+floats by value and bits):
 
 1. every ``_geometric_add`` call made while building the pairs of ``SETTINGS`` with
    ``_geometric_pair`` (each call's output against the reference on the same inputs);
@@ -21,7 +22,6 @@ pair builds and for the add alone, and prints ``/proc/loadavg``. Exits 1 on any 
 
 from __future__ import annotations
 
-import math
 import os
 import struct
 import sys
@@ -31,10 +31,10 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
+from base_revision import load_base_module  # noqa: E402
 
 from shuffle_opacus.analysis.pld.shuffle_gaussian import geometric  # noqa: E402
 from shuffle_opacus.analysis.pld.shuffle_gaussian.pair import (  # noqa: E402
-    _ROW_BLOCK,
     DEFAULT_SPREAD,
     ShuffleGaussianPair,
 )
@@ -53,40 +53,16 @@ SETTINGS = [
     (64, 64, 0.25, 0.640870806240823),
 ]
 TAIL = 1e-13
+#: The commit before the rewrite.
+BASE = "485e58a"
 
 Part = tuple[int, np.ndarray, float]
 
 
-def _reference_add(
-    y: tuple[int, np.ndarray, float], w: tuple[int, np.ndarray, float], step: float
-) -> tuple[int, np.ndarray, float]:
-    """``_geometric_add`` of commit 485e58a, verbatim."""
-    if y[0] > w[0]:
-        y, w = w, y
-    ky, qy, zy = y
-    kw, qw, zw = w
-    d_min = kw - (ky + qy.size - 1)
-    d = np.arange(d_min, kw + qw.size - ky)
-    log_ratio = np.logaddexp(0.0, d * step)  # log(1 + e^{d s})
-    f = np.floor(log_ratio / step).astype(np.int64)
-    frac = np.clip(np.expm1(log_ratio - f * step) / math.expm1(step), 0.0, 1.0)
-    size = qy.size + int(f.max()) + 2
-    out = np.zeros(size)
-    j = np.arange(qw.size)
-    for start in range(0, qy.size, _ROW_BLOCK):
-        i = np.arange(start, min(qy.size, start + _ROW_BLOCK))[:, None]
-        index = (kw + j[None, :]) - (ky + i) - d_min
-        cell = (i + f[index]).ravel()
-        mass = (qy[i] * qw[None, :]).ravel()
-        up = frac[index].ravel() * mass
-        out += np.bincount(cell, weights=mass - up, minlength=size)
-        out += np.bincount(cell + 1, weights=up, minlength=size)
-    # Atoms at zero: 0 + w = w (cells kw - ky + j), y + 0 = y, 0 + 0 = 0.
-    out[kw - ky : kw - ky + qw.size] += zy * qw
-    out[: qy.size] += zw * qy
-    nonzero = np.flatnonzero(out)
-    first, last = int(nonzero[0]), int(nonzero[-1])
-    return ky + first, out[first : last + 1].copy(), zy * zw
+#: ``_geometric_add`` as it was before the Toeplitz / chunked-seed rewrite.
+_reference_add = load_base_module(
+    BASE, "shuffle_opacus/analysis/pld/shuffle_gaussian/geometric.py"
+)._geometric_add
 
 
 def _same(a: object, b: object) -> bool:

@@ -3,39 +3,27 @@
     .venv/bin/python benchmarks/ldp_pairs_identity.py [--base REV]
 
 Loads ``shuffle_opacus/analysis/pld/ldp_pairs.py`` as it was at ``REV`` (default ``1f8e1f2``,
-before log Gamma was looked up in a table instead of evaluated at every outcome) beside the
-package, and compares every chunk of :func:`pair_chunks` (losses, log P, log Q: their bytes)
-for both pairs over a grid of n and eps0, then times old against new at n = 10^6, eps0 = 4,
-interleaved in this process (CPU time, medians of 3). Exits 1 on any difference.
+before log Gamma was looked up in tables instead of evaluated at every outcome) beside the
+package (``base_revision.py``), and compares every chunk of :func:`pair_chunks` (losses,
+log P, log Q: their bytes) for both pairs over a grid of n and eps0, then times old against
+new at n = 10^6, eps0 = 4, interleaved in this process (CPU time, medians of 3). Exits 1 on
+any difference.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
 import types
 
 import numpy as np
+from base_revision import load_base_module
 
 from shuffle_opacus.analysis.pld import ldp_pairs
 
 PATH = "shuffle_opacus/analysis/pld/ldp_pairs.py"
-
-
-def _old_module(base: str) -> types.ModuleType:
-    """The module as it was at ``base``, its relative imports made absolute, beside the package."""
-    source = subprocess.run(["git", "show", f"{base}:{PATH}"], check=True, capture_output=True,
-                            text=True).stdout  # fmt: skip
-    source = source.replace("from ...", "from shuffle_opacus.")
-    source = source.replace("from ..", "from shuffle_opacus.analysis.")
-    source = source.replace("from .", "from shuffle_opacus.analysis.pld.")
-    module = types.ModuleType("ldp_pairs_base")
-    sys.modules[module.__name__] = module  # dataclasses look their module up
-    exec(compile(source, f"{base}:{PATH}", "exec"), module.__dict__)
-    return module
 
 
 def _chunks(module: types.ModuleType, n: int, eps0: float, pair: str) -> list[np.ndarray]:
@@ -46,7 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", default="1f8e1f2")
     args = parser.parse_args()
-    old = _old_module(args.base)
+    old = load_base_module(args.base, PATH)
     compared = 0
     for pair in ("clones", "stronger"):
         for n in (1, 2, 7, 100, 1000, 60000, 1_000_000):
