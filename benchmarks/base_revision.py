@@ -1,10 +1,10 @@
 """Load one module of the package as it was at an earlier revision, beside today's (not a test).
 
 The identity scripts (``clones_identity.py``, ``geometric_add_identity.py``,
-``ldp_pairs_identity.py``) compare a rewritten module's results with its earlier code, bit for
-bit. :func:`load_base_module` reads that code with ``git show REV:PATH`` and runs it as a sibling
-module of its package (``<package>._base_<name>``), so that its relative imports reach today's
-package and nothing is copied into the scripts.
+``ldp_pairs_identity.py``, ``windows_identity.py``) compare a rewritten module's results with its
+earlier code, bit for bit. :func:`load_base_module` reads that code with ``git show REV:PATH``
+and runs it as a sibling module of its package (``<package>._base_<name>``), so that its relative
+imports reach today's package and nothing is copied into the scripts.
 """
 
 from __future__ import annotations

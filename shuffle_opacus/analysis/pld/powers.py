@@ -3,7 +3,8 @@
 An accountant asked for epsilon after every round composes the same per-round PMFs again and
 again for a growing number of rounds. ``dp_accounting``'s ``self_compose`` starts from scratch
 each time (Chernoff bounds, an FFT of the PMF, the power, an inverse FFT, a Python loop over the
-losses). Here the PMF's Chernoff moments and its spectrum at each FFT length are kept, rounds of
+losses). Here the PMF's Chernoff moments (:mod:`.moments`, each computed the first time a window
+needs it) and its spectrum at each FFT length are kept, rounds of
 several PMFs are composed by multiplying their spectra's powers and one inverse FFT, and epsilon
 is read off the result by a vectorised scan. The arithmetic is the one of ``dp_accounting``'s
 ``DensePLDPmf.self_compose`` (Chernoff window, cyclic convolution, left-out mass added at
@@ -27,6 +28,7 @@ from scipy import fft
 from ...common.validation import check_delta, check_int
 from ..limits import check_memory
 from . import disk_cache
+from .moments import Moments, chernoff_orders, window
 
 if TYPE_CHECKING:  # dp_accounting is imported where a PMF of its own is built or read
     from dp_accounting.pld import pld_pmf
@@ -44,38 +46,6 @@ __all__ = [
 DEFAULT_TRUNCATION = 1e-15
 """Mass of a composition's tails left out of its window and added at infinity (as in
 ``dp_accounting``'s ``self_compose``)."""
-
-#: Chernoff orders of the window, in units of the PMF's loss (the exponent's slope per unit of
-#: privacy loss). Both signs; the window is the tightest bound over all of them.
-_LOSS_ORDERS = np.concatenate((-np.geomspace(0.05, 400.0, 48), np.geomspace(0.05, 400.0, 48)))
-
-#: Largest Chernoff order per grid step (the exponent's slope per index): at this order the bound
-#: ``(log M + log(2/truncation)) / order`` lies within about 35 grid points of the support's end.
-_MAX_INDEX_ORDER = 1.0
-
-#: Orders per decade of the extension above ``_LOSS_ORDERS`` (as many as ``_LOSS_ORDERS`` has).
-_ORDERS_PER_DECADE = 12
-
-
-def _chernoff_orders(discretization: float) -> np.ndarray:
-    """Chernoff orders of a window, per grid index: :data:`_LOSS_ORDERS`, then up to the grid.
-
-    :data:`_LOSS_ORDERS` is fixed per unit of loss, so on a fine grid (a round whose loss is
-    small, as at large ``n``) its largest order is far below the slope a tight window needs
-    (about the normal quantile of the truncation over the composed loss's standard deviation),
-    and the window grew like ``1 / discretization``. The orders are therefore extended
-    geometrically from its largest one up to :data:`_MAX_INDEX_ORDER` per grid index; every
-    order gives a valid bound, the window is the tightest, and a grid whose fixed orders already
-    reach that slope (``discretization >= 1/400``) gets none.
-    """
-    orders = _LOSS_ORDERS * discretization
-    start = float(_LOSS_ORDERS[-1]) * discretization
-    if start >= _MAX_INDEX_ORDER:
-        return orders
-    count = max(2, math.ceil(_ORDERS_PER_DECADE * math.log10(_MAX_INDEX_ORDER / start)))
-    extra = np.geomspace(start, _MAX_INDEX_ORDER, count + 1)[1:]
-    return np.concatenate((orders, -extra, extra))
-
 
 #: Spectra kept per PMF (one per FFT length).
 _SPECTRA_KEPT = 2
@@ -95,90 +65,6 @@ def _dense(pmf: pld_pmf.PLDPmf) -> pld_pmf.DensePLDPmf:
     return dense
 
 
-def _scaled_log(s: np.ndarray, m: np.ndarray, a_max: np.ndarray) -> np.ndarray:
-    """``log(m + s) + a_max`` as scipy 1.17's ``logsumexp`` finishes (``nan`` for a negative sum).
-
-    ``s`` is the sum of the scaled terms without the largest, ``m`` the largest one's weight.
-    """
-    s = np.where(s == 0, s, s / m)
-    sign = np.sign(s + 1) * np.sign(m)
-    s = np.where(s < -1, -s - 2, s)
-    out = np.log1p(s) + np.log(np.abs(m)) + a_max
-    out[sign < 0] = np.nan
-    return out
-
-
-def _logsumexp(a: np.ndarray, b: np.ndarray, zero: np.ndarray) -> np.float64:
-    """``scipy.special.logsumexp(a, b=b)`` for 1-D float arrays with ``b >= 0``, bit for bit.
-
-    The operations of scipy 1.17's ``logsumexp`` (the largest term taken out of the sum, then
-    ``log1p(s) + log(m) + max``, the direct ``log(sum(b e^a))`` where that is not finite) in
-    the same order on arrays of the same shapes, without its dispatch, which took most of a
-    PMF's construction. ``a`` is overwritten; ``zero`` is ``b == 0``.
-    """
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        original = a.copy()
-        a[zero] = -np.inf
-        a_max = np.max(a, keepdims=True)
-        i_max = a == a_max
-        a[i_max] = -np.inf
-        m = np.sum(b * i_max.astype(a.dtype), keepdims=True, dtype=a.dtype)
-        terms = b * np.exp(a - a_max)
-        s = np.sum(terms, keepdims=True, dtype=terms.dtype)
-        out = _scaled_log(s, m, a_max)
-        if not np.isfinite(out[0]):
-            out = np.log(np.sum(b * np.exp(original), keepdims=True))
-    return np.float64(out[0])
-
-
-def _logsumexp_at(
-    index: np.ndarray, order: float, b: np.ndarray, zero: np.ndarray, top: int
-) -> np.float64:
-    """:func:`_logsumexp` of ``index * order``, whose only largest value where ``b > 0`` is at top.
-
-    The same values with fewer passes over the arrays: the largest term is ``a[top]`` (no
-    search), and its weight ``m``, which :func:`_logsumexp` sums over an indicator (every other
-    product ``b * 0.0`` is ``+0.0``, so every partial sum is ``0`` or ``b[top]``), is
-    ``b[top]``; the terms are computed in place. ``b`` must be finite.
-    """
-    a = index * order
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        a_max = a[top : top + 1].copy()
-        a[zero] = -np.inf
-        a[top] = -np.inf
-        m = b[top : top + 1].copy()
-        terms = np.multiply(b, np.exp(np.subtract(a, a_max, out=a), out=a), out=a)
-        s = np.sum(terms, keepdims=True, dtype=terms.dtype)
-        out = _scaled_log(s, m, a_max)
-        if not np.isfinite(out[0]):  # _logsumexp's direct sum, on the same exponents
-            out = np.log(np.sum(b * np.exp(index * order), keepdims=True))
-    return np.float64(out[0])
-
-
-def _log_mgf(probs: np.ndarray, orders: np.ndarray) -> np.ndarray:
-    """``log sum_i probs[i] e^{o i}`` at each order ``o`` (see :func:`_logsumexp`).
-
-    ``i o`` is monotone in ``i`` and its values at distinct ``i`` differ (by at least ``|o|``,
-    far above their rounding), so the largest exponent where ``probs > 0`` is at the last such
-    index for ``o > 0`` and at the first for ``o < 0``, and it is the only one:
-    :func:`_logsumexp_at` then gives :func:`_logsumexp`'s values with fewer passes.
-    """
-    index = np.arange(probs.size, dtype=float)
-    zero = probs == 0
-    support = np.flatnonzero(~zero)
-    if support.size == 0 or not np.all(np.isfinite(probs)) or probs.size >= 1 << 50:
-        return np.array([_logsumexp(index * o, probs, zero) for o in orders])
-    values = np.empty(orders.size)
-    for k, o in enumerate(orders):
-        if o > 0:
-            values[k] = _logsumexp_at(index, o, probs, zero, int(support[-1]))
-        elif o < 0:
-            values[k] = _logsumexp_at(index, o, probs, zero, int(support[0]))
-        else:
-            values[k] = _logsumexp(index * o, probs, zero)
-    return values
-
-
 class PmfPowers:
     """One dense PMF with what its compositions need, computed once and kept.
 
@@ -192,7 +78,8 @@ class PmfPowers:
         infinity: Mass at infinite loss.
         pessimistic: Whether the PMF is a pessimistic estimate.
         orders: The Chernoff orders of the composition window (per grid index).
-        log_mgf: ``log sum_i probs[i] e^{o i}`` at each order (read-only).
+        moments: The moments ``log sum_i probs[i] e^{o i}`` at those orders, each computed the
+            first time a window needs it (:class:`.moments.Moments`).
     """
 
     def __init__(self, pmf: pld_pmf.PLDPmf) -> None:
@@ -222,16 +109,13 @@ class PmfPowers:
         self.probs = probs
         self.infinity = infinity
         self.pessimistic = pessimistic
-        self.orders = _chernoff_orders(discretization)
-        if log_mgf is None:
-            log_mgf = _log_mgf(probs, self.orders)
-        elif log_mgf.shape != self.orders.shape:
+        self.orders = chernoff_orders(discretization)
+        if log_mgf is not None and log_mgf.shape != self.orders.shape:
             raise ValueError(
                 f"log_mgf must hold one value per Chernoff order ({self.orders.size}). Found "
                 f"{log_mgf.shape}."
             )
-        log_mgf.setflags(write=False)
-        self.log_mgf = log_mgf
+        self.moments = Moments(probs, self.orders, log_mgf)
         self._spectra: OrderedDict[int, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -256,8 +140,8 @@ class PmfPowers:
             probs: Masses on the grid (1-D; copied unless a read-only float64 array).
             infinity: Mass at infinite loss.
             pessimistic: Whether the PMF is a pessimistic estimate.
-            log_mgf: The moments at :attr:`orders` if known (as :meth:`fields` gives them),
-                else ``None`` to compute them.
+            log_mgf: The moments at :attr:`orders` computed so far, ``nan`` where not (as
+                :meth:`fields` gives them), or ``None``: each is computed when first needed.
 
         Returns:
             The :class:`PmfPowers`.
@@ -292,8 +176,13 @@ class PmfPowers:
             "probs": self.probs,
             "infinity": self.infinity,
             "pessimistic": self.pessimistic,
-            "log_mgf": self.log_mgf,
+            "log_mgf": self.moments.known(),
         }
+
+    @property
+    def log_mgf(self) -> np.ndarray:
+        """``log sum_i probs[i] e^{o i}`` at every order (read-only; computes those not known)."""
+        return self.moments.full()
 
     @property
     def size(self) -> int:
@@ -327,32 +216,6 @@ def _power(values: np.ndarray, count: int) -> np.ndarray:
         square = square * square
     assert result is not None
     return result
-
-
-def _window(parts: Sequence[tuple[PmfPowers, int]], truncation: float) -> tuple[int, int]:
-    """Index range of the composed masses outside which at most ``truncation`` lies (Chernoff).
-
-    Indices count from the sum of the parts' first grid points. For every order ``o`` (same
-    order per unit of loss for all parts, which share the grid), ``P(I >= b) <= truncation/2``
-    for ``b = (sum_k count_k log M_k(o) + log(2/truncation)) / o`` when ``o > 0``, and the same
-    for the lower end when ``o < 0``.
-    """
-    upper = sum((p.size - 1) * k for p, k in parts)
-    lower = 0
-    orders = parts[0][0].orders
-    total = np.zeros(orders.size)
-    for p, k in parts:
-        total = total + k * p.log_mgf
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        bounds = (total + math.log(2.0 / truncation)) / orders
-    for order, bound in zip(orders, bounds, strict=True):
-        if not math.isfinite(bound):
-            continue
-        if order > 0:
-            upper = min(upper, math.ceil(bound))
-        else:
-            lower = max(lower, math.floor(bound))
-    return lower, max(upper, lower)
 
 
 def _fft_length(needed: int) -> int:
@@ -439,7 +302,8 @@ def compose_arrays(
                 "parts must share their discretization and estimate type. Found "
                 f"{p.discretization!r} and {first.discretization!r}."
             )
-    low, high = _window(parts, truncation)
+    support = sum((p.size - 1) * k for p, k in parts)
+    low, high = window([(p.moments, k) for p, k in parts], support, truncation)
     width = high - low + 1
     length = _fft_length(max(width, max(p.size for p, _ in parts)))
     rounds = sum(k for _, k in parts)
@@ -496,7 +360,8 @@ def cached_powers(
 ) -> tuple[PmfPowers, ...]:
     """Per-round PMFs from the on-disk cache (:mod:`.disk_cache`), built and stored on a miss.
 
-    The PMFs, their Chernoff moments included, come back bit for bit as ``build`` made them.
+    The PMFs come back bit for bit as ``build`` made them, with the Chernoff moments known when
+    the entry was stored (the others are computed when a window first needs them).
 
     Args:
         kind: The entry's family (see :func:`.disk_cache.load`), e.g. ``"shuffle-upper"``.
@@ -514,7 +379,7 @@ def cached_powers(
         arrays: dict[str, np.ndarray] = {}
         scalars: dict[str, disk_cache.Scalar] = {}
         for i, pmf in enumerate(build()):
-            arrays[f"{i}.probs"], arrays[f"{i}.log_mgf"] = pmf.probs, pmf.log_mgf
+            arrays[f"{i}.probs"], arrays[f"{i}.log_mgf"] = pmf.probs, pmf.moments.known()
             scalars[f"{i}.discretization"], scalars[f"{i}.lower"] = pmf.discretization, pmf.lower
             scalars[f"{i}.infinity"], scalars[f"{i}.pessimistic"] = pmf.infinity, pmf.pessimistic
         scalars["count"] = len(arrays) // 2

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..convex import chord_lower_bounds, moment_error
 from .pair import _MGF_BINS
 
 #: Orders of each tail's grid (geometric, from 1e-6 to 60 over the lattice's span).
@@ -44,18 +45,9 @@ _LARGEST_VALUE = 1e7
 
 
 def _moment_error(log_mass: np.ndarray, theta: np.ndarray, z0: np.ndarray) -> float:
-    """Return a generous bound on the rounding error of every computed ``log M(t)`` of a tail.
-
-    Each term ``e^{log m + t z - top}`` is computed with a relative error below about
-    ``6 E 2^-53`` (``E`` the largest ``|log m| + |t z|``), the pairwise sum adds at most a few
-    dozen units in the last place, and the logarithm and the final addition of ``top`` (``|top|,
-    |log M| <= E + log(size)``) a few more: about ``1e-15 (E + 30)`` in all. The bound is a
-    hundred times that.
-    """
-    size = max(1, log_mass.size)
+    """:func:`.convex.moment_error` of a tail: its masses, orders ``theta`` and points ``z0``."""
     span = float(np.max(np.abs(theta))) * float(np.max(np.abs(z0)))
-    big = float(np.max(np.abs(log_mass))) + span + math.log(size)
-    return 1e-13 * (2.0 * big + 64.0)
+    return moment_error(float(np.max(np.abs(log_mass))), span, log_mass.size)
 
 
 class _Moments:
@@ -123,36 +115,8 @@ class _Moments:
 
 
 def _chord_lower_bounds(moments: _Moments, unknown: np.ndarray) -> np.ndarray:
-    """Lower bounds on ``log M`` at the orders ``unknown`` from the chords of the computed ones.
-
-    ``log M`` is convex in the order, so outside the interval of two orders it lies above their
-    chord. Each unknown order takes the larger of the chords of its two nearest computed orders
-    on each side (``-inf`` where a side has fewer than two), less the chord's share of the
-    computed values' error and the unknown order's own.
-    """
-    orders = moments.orders
-    known = np.flatnonzero(moments.done)
-    s_known, k_known = orders[known], moments.log_m[known]
-    x = orders[unknown]
-    pos = np.searchsorted(known, unknown)
-    eps = moments.error
-    best = np.full(unknown.size, -np.inf)
-    with np.errstate(invalid="ignore", over="ignore"):
-        for near, far, valid in (
-            (pos - 1, pos - 2, pos >= 2),  # the two computed orders below
-            (pos, pos + 1, pos + 1 < known.size),  # the two above
-        ):
-            b = np.clip(near, 0, known.size - 1)
-            a = np.clip(far, 0, known.size - 1)
-            gap = s_known[b] - s_known[a]
-            reach = np.abs(x - s_known[b]) / np.where(valid, np.abs(gap), 1.0)
-            slope = (k_known[b] - k_known[a]) / np.where(valid, gap, 1.0)
-            line = k_known[b] + slope * (x - s_known[b])
-            # Rounding of the line itself: far below this relative slack.
-            slack = 1e-12 * (np.abs(k_known[b]) + np.abs(slope * (x - s_known[b])) + 1.0)
-            bound = line - eps * (1.0 + 2.0 * reach) - slack
-            best = np.where(valid, np.maximum(best, bound), best)
-    return best - eps
+    """Lower bounds on ``log M`` at the orders ``unknown`` (:func:`.convex.chord_lower_bounds`)."""
+    return chord_lower_bounds(moments.orders, moments.done, moments.log_m, moments.error, unknown)
 
 
 def _first_minimum(
