@@ -188,6 +188,8 @@ class Moments:
         self._values = np.full(orders.size, np.nan) if known is None else known.astype(float)
         self._done = ~np.isnan(self._values)
         self._lock = threading.Lock()
+        #: The chords' bounds at every order from the orders computed so far (``None``: stale).
+        self._chords: np.ndarray | None = None
         # Increasing orders (the chords' abscissa) and each order's rank among them.
         self._sorted = np.argsort(orders, kind="stable")
         self._rank = np.empty(orders.size, dtype=np.intp)
@@ -220,6 +222,7 @@ class Moments:
             if todo.size:
                 _fill(self._probs, self.orders, todo, self._values)
                 self._done[todo] = True
+                self._chords = None
 
     def values(self, which: np.ndarray) -> np.ndarray:
         """Return the moments at ``which``, computing those not yet known."""
@@ -239,15 +242,25 @@ class Moments:
         return self.known()
 
     def lower_bounds(self, which: np.ndarray) -> np.ndarray:
-        """Lower bounds on the exact moments at the uncomputed orders ``which`` (chords).
+        """Lower bounds on the moments at the orders ``which``: chords, or the values computed.
 
-        Each bound is also below the value :meth:`fill` would compute there; ``-inf`` or ``nan``
-        where the chords give none.
+        At an order not computed yet the bound lies below the exact moment and below the value
+        :meth:`fill` would compute there (``-inf`` or ``nan`` where the chords give none); at a
+        computed order it is that value. They depend on the orders computed, not on the window
+        asked for, and are kept until another order is computed.
         """
         with self._lock:
-            values = self._values[self._sorted]
-            done = self._done[self._sorted]
-        return chord_lower_bounds(self._abscissa, done, values, self.error, self._rank[which])
+            if self._chords is None:
+                done = self._done[self._sorted]
+                unknown = np.flatnonzero(~done)
+                chords = self._values.copy()  # a computed order bounds itself
+                if unknown.size:
+                    values = self._values[self._sorted]
+                    chords[self._sorted[unknown]] = chord_lower_bounds(
+                        self._abscissa, done, values, self.error, unknown
+                    )
+                self._chords = chords
+            return self._chords[which]
 
 
 def _scan(
