@@ -541,3 +541,28 @@ def test_the_experiment_command_suggests_flags_and_subcommands(capsys):
     assert "(did you mean --config for --confg?)" in capsys.readouterr().err
     assert experiment(["trian"]) == 2
     assert "(did you mean 'train'?)" in capsys.readouterr().err
+
+
+def test_a_proven_row_that_cannot_be_evaluated_leaves_the_default_rows(capsys, monkeypatch):
+    # The proven row was not asked for: where it cannot be evaluated (a PldRangeError, such as
+    # a grid over the memory limit) the default rows still print, with a note saying why; asked
+    # for by name it is a one-line error.
+    from shuffle_opacus.analysis.limits import PldRangeError
+    from shuffle_opacus.analysis.pld import proven
+
+    def refuse(rounds, *, delta):
+        raise PldRangeError("the proven bound's grid would not fit.")
+
+    monkeypatch.setattr(proven, "proven_rounds_epsilon", refuse)
+    argv = ["account", "checkin", "--n", "6000", "--rate", "0.1", "--sigma", "5", "--steps", "500"]
+    code, out, err = run(capsys, *argv)
+    assert code == 0
+    assert [line.split()[1] for line in out.splitlines()[2:] if line.startswith("checkin")] == [
+        "pld"
+    ]
+    assert (
+        err == "shuffle-opacus: note: no proven row here: the proven bound's grid would not fit\n"
+    )
+    code, out, err = run(capsys, *argv, "--method", "proven")
+    assert code == 2 and out == ""
+    assert err.strip() == "shuffle-opacus: error: the proven bound's grid would not fit."

@@ -37,7 +37,7 @@ from ..accounting.protocols import (
     sensitivity_assumptions,
     sensitivity_label,
 )
-from ..analysis.limits import CLI_MAX_SECONDS, observe
+from ..analysis.limits import CLI_MAX_SECONDS, PldRangeError, observe
 from ..analysis.mechanisms import MECHANISM_TABLE
 from ..analysis.query import account
 from ..analysis.rdp.conversion import OrderCapWarning
@@ -411,6 +411,14 @@ def _account(args: argparse.Namespace) -> int:
                             max_seconds=CLI_MAX_SECONDS,
                         )
                     )
+            except PldRangeError as exc:
+                if not label:
+                    raise CliError(_flag_error(str(exc))) from None
+                # The row beside the default was not asked for: the default's rows still stand.
+                print(
+                    f"{PROG}: note: no {method} row here: {str(exc).rstrip('.')}",
+                    file=sys.stderr,
+                )
             except ValueError as exc:
                 raise CliError(_flag_error(str(exc))) from None
         # Each count's default row, then its proven row.

@@ -12,7 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from shuffle_opacus.analysis.pld import proven
+from shuffle_opacus.analysis.limits import PldRangeError, memory_limit
+from shuffle_opacus.analysis.pld import proven, proven_pmf
+from shuffle_opacus.analysis.pld.proven_pairs import PairTooLargeError
 from shuffle_opacus.analysis.pld.rounds import ShuffleRound
 
 TAIL = 1e-12
@@ -102,3 +104,37 @@ def test_binomial_log_masses_sum_to_one_at_any_population(trials):
     prob = 2e4 / trials if trials > 60_000 else 0.01
     total = math.fsum(np.exp(binom_logpmf(k, trials, prob)))
     assert total == pytest.approx(1.0, abs=1e-11)
+
+
+@pytest.mark.parametrize(("setting", "route", "k"), CASES[3:])
+def test_a_grid_over_the_memory_limit_is_bisected_to_the_same_pmf(setting, route, k):
+    # Where the whole grid from the lowest to the highest loss would not fit, its end is found
+    # by bisection and only [bottom, top] is evaluated: the same PMF, bit for bit.
+    pair = proven._route_pair(route, setting, k, TAIL)
+    step = proven._pair_grid(route, setting, k, TAIL)
+    whole = proven._pair_pmf(pair, step, TAIL / 4.0)
+    finite = pair.loss[np.isfinite(pair.loss) & (pair.mass > 0)]
+    points = math.ceil(finite.max() / step) - math.floor(finite.min() / step) + 1
+    kept = np.asarray(whole._probs).size
+    assert kept < points  # the grid is cut, so the bisection has an end to find
+    with memory_limit((points - 1) * proven_pmf.PROFILE_BYTES_PER_POINT):
+        bisected = proven._pair_pmf(pair, step, TAIL / 4.0)
+    assert int(bisected._lower_loss) == int(whole._lower_loss)
+    assert np.asarray(bisected._probs).tobytes() == np.asarray(whole._probs).tobytes()
+    assert bisected._infinity_mass == whole._infinity_mass
+    # Even [bottom, top] over the limit: refused before allocating, and the route skipped.
+    with memory_limit(kept * proven_pmf.PROFILE_BYTES_PER_POINT // 4):
+        with pytest.raises(PairTooLargeError, match="loss grid would have"):
+            proven._pair_pmf(pair, step, TAIL / 4.0)
+
+
+def test_a_tiny_rate_is_refused_at_once_or_bounded_not_an_allocation_error():
+    # At check-in rate 1e-9 the grids follow a tiny loss scale against losses of order one: the
+    # pair's profile grid wanted 11 TiB (numpy's allocation error) and the local Gaussian's
+    # 4.6e7 points (minutes in dp_accounting, then a composition over the memory limit).
+    s = ShuffleRound(n=100, sigma=0.5, rate=1e-9)
+    with pytest.raises(PldRangeError, match="local Gaussian would need about .* raise rate"):
+        proven._gaussian_epsilon([(s, 10)], 1e-5)
+    found = proven.proven_rounds_epsilon([(s, 10)], delta=1e-5)
+    # The user reports in one of the 10 rounds with probability 1e-8, far below delta.
+    assert found.epsilon == 0.0 and found.route == "blanket"

@@ -21,6 +21,7 @@ import numpy as np
 
 from ...common.validation import check_delta
 from ..approximate.analytic_gaussian import gaussian_dp_delta, gaussian_dp_epsilon
+from ..memory import PldRangeError
 from . import disk_cache
 from .common import default_tail
 from .powers import DEFAULT_TRUNCATION, PmfPowers, cached_powers, compose_arrays
@@ -134,6 +135,9 @@ def stand_in_costs(
 
 #: Loss grid points per standard deviation of one round's loss (as the ``pld`` method's).
 _GRID_PER_SD = 64.0
+
+#: Largest loss grid of the local Gaussian's PMF (as the ``pld`` method's per-round grids).
+MAX_GAUSSIAN_POINTS = 4_000_000
 
 
 def _step(sd: float) -> float:
@@ -281,6 +285,24 @@ def _gaussian_powers(setting: ShuffleRound, discretization: float) -> PmfPowers:
     return powers
 
 
+def _check_gaussian_grid(sigma: float, discretization: float) -> None:
+    """Refuse a local Gaussian whose loss grid would exceed :data:`MAX_GAUSSIAN_POINTS`.
+
+    ``dp_accounting`` keeps the Gaussian's losses within about ``2 z / sigma + 1 / sigma^2``
+    (``z`` about 10, its tails cut at ``e^-50``); the grid step follows the loss's standard
+    deviation, about ``sqrt(q) / sigma``, so at a tiny inclusion probability ``q`` the grid
+    would hold tens of millions of points (minutes of ``dp_accounting``'s construction, then a
+    composition over the memory limit). Checked before anything is built.
+    """
+    points = (20.0 / sigma + 1.0 / sigma**2) / discretization
+    if points > MAX_GAUSSIAN_POINTS:
+        raise PldRangeError(
+            f"the proven bound's local Gaussian would need about {points:.3g} loss grid points "
+            f"(at most {MAX_GAUSSIAN_POINTS}): the inclusion probability of a user is too small "
+            f"for it; raise rate"
+        )
+
+
 def _built_gaussian(setting: ShuffleRound, discretization: float) -> PmfPowers:
     """Build one round of the local Gaussian alone, without the shuffle.
 
@@ -362,7 +384,10 @@ def _evaluate(
     if left >= delta:
         return math.inf, 1.0, eta0 + eta1, 0.0, per  # the pairs' own tails exceed delta
     disc = min(_pair_grid(route, s, k, tail) for s, _ in parts)
-    powers = [(_pair_powers(route, s, k, tail, disc), c) for s, c in parts]
+    try:
+        powers = [(_pair_powers(route, s, k, tail, disc), c) for s, c in parts]
+    except PairTooLargeError:  # its PMF's grid would not fit in the memory limit
+        return math.inf, 1.0, eta0 + eta1, 0.0, per
     eps, d_pld = epsilon_with_coupling(compose_arrays(powers), delta, eta0, eta1)
     coupling = eta0 + math.exp(min(eps, 700.0)) * eta1 if math.isfinite(eps) else eta0 + eta1
     return eps, d_pld, coupling, disc, per
@@ -483,7 +508,10 @@ def _searched_plan(
         k, values = _search(route, parts, delta, tail, give_up=2.0 * best[0])
         if values[0] < best[0]:
             best = (values[0], route, k)
-    gaussian = _gaussian_epsilon(parts, delta)[0]
+    try:
+        gaussian = _gaussian_epsilon(parts, delta)[0]
+    except PldRangeError:
+        gaussian = math.inf  # chosen only where no route gives a bound: then it says why
     if gaussian <= best[0]:
         return "gaussian", 0
     return best[1], best[2]
@@ -495,6 +523,7 @@ def _gaussian_epsilon(
     """``(epsilon, delta_pld, discretization)`` of the local Gaussian alone."""
     q_max = max(inclusion(s) for s, _ in parts)
     disc = _step(math.sqrt(q_max) / parts[0][0].sigma)
+    _check_gaussian_grid(parts[0][0].sigma, disc)
     composed = compose_arrays([(_gaussian_powers(s, disc), c) for s, c in parts])
     eps, d_pld = epsilon_with_coupling(composed, delta, 0.0, 0.0)
     return eps, d_pld, disc

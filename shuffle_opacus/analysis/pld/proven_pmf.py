@@ -13,14 +13,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..memory import memory_budget
 from .common import exact_sum
 from .powers import ComposedPmf
-from .proven_pairs import ProvenPair
+from .proven_pairs import PairTooLargeError, ProvenPair
 
 if TYPE_CHECKING:  # imported where used: an answer from the disk cache needs no dp_accounting
     from dp_accounting.pld import pld_pmf
 
 __all__ = ["epsilon_with_coupling"]
+
+#: Peak bytes per grid point of evaluating a profile on a grid (the indices, the losses, the
+#: search's positions and the profile's temporaries), rounded up.
+PROFILE_BYTES_PER_POINT = 80
 
 
 def _pair_pmf(pair: ProvenPair, discretization: float, budget: float) -> pld_pmf.DensePLDPmf:
@@ -34,6 +39,12 @@ def _pair_pmf(pair: ProvenPair, discretization: float, budget: float) -> pld_pmf
     in ``e^eps``). The grid stops where the profile's finite part is at most ``budget`` (the rest
     goes to infinity) and starts at the mirror of that point or at the lowest loss, whichever is
     higher. Rounding is then settled by :func:`_settled`.
+
+    Where the grid from the lowest to the highest loss would not fit in the memory limit (a
+    very fine grid against the pair's losses, as at a tiny check-in rate), the end is found by
+    bisection on the profile, which does not increase, and only ``[bottom, top]`` is evaluated;
+    if even that would not fit, :class:`~.proven_pairs.PairTooLargeError` says so before
+    anything is allocated (the route then gives no bound at this level).
     """
     from dp_accounting.pld import pld_pmf
 
@@ -49,12 +60,23 @@ def _pair_pmf(pair: ProvenPair, discretization: float, budget: float) -> pld_pmf
         loss, mass = loss[order], mass[order]
     lo = math.floor(float(loss[0]) / discretization)
     hi = math.ceil(float(loss[-1]) / discretization)
-    index = np.arange(lo, hi + 1)
-    finite_part = _profile(loss, mass, index * discretization)
-    above = np.flatnonzero(finite_part > budget)
-    top = min(max(int(index[above[-1]]) + 1 if above.size else lo, lo), hi)
-    bottom = min(max(lo, -top), top)
-    curve = finite_part[bottom - lo : top - lo + 1] + infinity
+    limit = memory_budget() // PROFILE_BYTES_PER_POINT
+    if hi - lo + 1 <= limit:
+        index = np.arange(lo, hi + 1)
+        finite_part = _profile(loss, mass, index * discretization)
+        above = np.flatnonzero(finite_part > budget)
+        top = min(max(int(index[above[-1]]) + 1 if above.size else lo, lo), hi)
+        bottom = min(max(lo, -top), top)
+        curve = finite_part[bottom - lo : top - lo + 1] + infinity
+    else:
+        top = _top(loss, mass, lo, hi, discretization, budget)
+        bottom = min(max(lo, -top), top)
+        if top - bottom + 1 > limit:
+            raise PairTooLargeError(
+                f"the proven pair's loss grid would have {top - bottom + 1} points (at most "
+                f"{limit} in the memory limit)"
+            )
+        curve = _profile(loss, mass, np.arange(bottom, top + 1) * discretization) + infinity
     deltas = np.minimum.accumulate(np.minimum(curve, 1.0))
     if deltas.size == 1:
         probs = np.array([1.0 - deltas[0]])
@@ -67,6 +89,27 @@ def _pair_pmf(pair: ProvenPair, discretization: float, budget: float) -> pld_pmf
     if low != bottom or probs.size != deltas.size:  # pragma: no cover - dp_accounting contract
         raise ArithmeticError("connect-the-dots returned a PMF off the profile's grid")
     return _settled(probs, float(dense._infinity_mass), low, discretization, deltas)
+
+
+def _top(
+    loss: np.ndarray, mass: np.ndarray, lo: int, hi: int, discretization: float, budget: float
+) -> int:
+    """Return the grid index after the last one in ``[lo, hi]`` whose profile exceeds ``budget``.
+
+    A bisection (the profile does not increase with epsilon), clipped to ``[lo, hi]``, with
+    ``lo`` where no index exceeds it: the end :func:`_pair_pmf`'s scan of the whole grid finds.
+    """
+
+    def over(i: int) -> bool:
+        return bool(_profile(loss, mass, np.array([i * discretization]))[0] > budget)
+
+    if not over(lo):
+        return lo
+    a, b = lo, hi + 1  # over(a); b is past the end or not over
+    while b - a > 1:
+        mid = (a + b) // 2
+        a, b = (mid, b) if over(mid) else (a, mid)
+    return min(a + 1, hi)
 
 
 def _settled(
