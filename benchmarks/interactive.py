@@ -1,7 +1,7 @@
 """Interactive speed of ``shuffle-opacus account`` and ``calibrate`` (issue 42 part 6): tables.
 
     .venv/bin/python benchmarks/interactive.py [--before DIR] [--method pld] [--repeats 3]
-        [--json PATH]
+        [--query NAME ...] [--json PATH]
     .venv/bin/python benchmarks/interactive.py --breakdown [--before DIR]
 
 The everyday queries of README.md and docs/accounting.md: ``account shuffle --n 1000 --sigma 1
@@ -18,6 +18,7 @@ at the paper setting. Each runs in a fresh process (one thread), interleaved rou
 * ``--version``: start-up (import and argument parsing), the baseline.
 
 ``--method M`` adds ``--method M`` to the ``account`` queries (``pld``: the tight row alone).
+``--query NAME`` (repeatable) times only the queries named, e.g. ``--query "calibrate paper"``.
 ``--breakdown`` runs each query once per state under ``python -X importtime`` and splits the
 time after start-up into the imports it made on the way (``dp_accounting``, scipy's modules)
 and the work, for the default rows and for ``--method pld`` and ``--method proven`` alone.
@@ -84,6 +85,8 @@ def _queries(method: str | None) -> dict[str, list[str]]:
 def timed(args: argparse.Namespace, work: Path) -> dict[str, object]:
     """Interleaved whole-process times of every query in every state."""
     queries = _queries(args.method)
+    if args.query:
+        queries = {name: argv for name, argv in queries.items() if name in args.query}
     commands: dict[str, list[str]] = {}
     for state in _states(args.before):
         if state != "cold":
@@ -180,6 +183,8 @@ def main() -> None:
     parser.add_argument("--breakdown", action="store_true", help="imports and work, -X importtime")
     parser.add_argument("--no-pin", action="store_true", help="do not pin to one CPU")
     parser.add_argument("--json", type=Path, help="also write the timed record to this file")
+    parser.add_argument("--query", action="append", choices=list(QUERIES),
+                        help="time only this query (repeatable; default: all)")  # fmt: skip
     args = parser.parse_args()
     if args.before is not None and not (args.before / "shuffle_opacus").is_dir():
         parser.error(f"--before must hold a shuffle_opacus folder. Found {str(args.before)!r}.")
