@@ -99,6 +99,16 @@ def test_an_untrusted_pmf_computes_every_order():
     assert pmf.moments.done.all()
 
 
+def test_a_pmf_with_a_negative_mass_computes_every_order():
+    # Not a measure (log M need not be convex there): the chords are not used.
+    probs = _random_probs(np.random.default_rng(13), 3000, 20.0, False)
+    probs[1500] = -1e-12
+    pmf = _pmf(probs, 2.0**-10)
+    assert not pmf.moments.trusted
+    assert _window([(pmf, 40)], 1e-15) == _scan([(pmf, 40)], 1e-15)
+    assert pmf.moments.done.all()
+
+
 def test_a_small_pmf_computes_every_order():
     pmf = _pmf(_random_probs(np.random.default_rng(8), moments._SCAN_SIZE, 5.0, False), 1e-2)
     assert _window([(pmf, 9)], 1e-15) == _scan([(pmf, 9)], 1e-15)

@@ -201,6 +201,7 @@ class Moments:
             and probs.size > _SCAN_SIZE
             and probs.size < 1 << 50
             and np.all(np.isfinite(probs))
+            and float(probs.min()) >= 0.0  # a measure: else log M need not be convex
             and min(probs[support[0]], probs[support[-1]]) >= _SMALLEST_MASS
             and np.all(np.isfinite(orders))
         )
