@@ -60,7 +60,7 @@ def _random_probs(rng, size, spread, tiny_end):
     return probs
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     size=st.integers(moments._SCAN_SIZE + 1, 6000),
