@@ -178,8 +178,10 @@ class Moments:
 
     Attributes:
         orders: The orders.
-        trusted: Whether the rounding bound of :func:`.convex.moment_error` holds for this PMF,
-            so that the chords may rule orders out (else a window computes every order).
+        trusted: Whether a window may rule orders out by the chords: a PMF of more than
+            :data:`_SCAN_SIZE` finite, non-negative masses whose end masses are at least
+            :data:`_SMALLEST_MASS` (where :func:`.convex.moment_error` bounds the rounding);
+            else a window computes every order.
     """
 
     def __init__(self, probs: np.ndarray, orders: np.ndarray, known: np.ndarray | None) -> None:
