@@ -6,20 +6,21 @@ Loads ``shuffle_opacus/analysis/pld/ldp_pairs.py`` as it was at ``REV`` (default
 before log Gamma was looked up in tables instead of evaluated at every outcome) beside the
 package (``base_revision.py``), and compares every chunk of :func:`pair_chunks` (losses,
 log P, log Q: their bytes) for both pairs over a grid of n and eps0, then times old against
-new at n = 10^6, eps0 = 4, interleaved in this process (CPU time, medians of 3). Exits 1 on
-any difference.
+new at n = 10^6, eps0 = 4, interleaved in this process by ``timing.compare`` (CPU time, 3
+rounds, load recorded). Exits 1 on any difference.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 import types
+from collections.abc import Callable
 
 import numpy as np
 from base_revision import load_base_module
+from timing import compare
 
 from shuffle_opacus.analysis.pld import ldp_pairs
 
@@ -50,17 +51,20 @@ def main() -> None:
                     sys.exit(f"DIFFERENT: pair {pair}, n {n}, eps0 {eps0}")
                 compared += len(a)
     print(f"identical: {compared} arrays (both pairs, n 1 to 10^6, eps0 0.1 to 8)")
-    times: dict[str, list[float]] = {"old": [], "new": []}
-    for _ in range(3):
-        for name, module in (("old", old), ("new", ldp_pairs)):
+
+    def chunks_of(module: types.ModuleType) -> Callable[[], float]:
+        def run() -> float:
             start = time.process_time()
             _chunks(module, 1_000_000, 4.0, "clones")
-            times[name].append(time.process_time() - start)
-    medians = {name: statistics.median(values) for name, values in times.items()}
-    print(
-        f"pair_chunks at n = 10^6, eps0 4: old {medians['old']:.3f} s, new {medians['new']:.3f} s "
-        f"(CPU, medians of 3, interleaved), ratio {medians['old'] / medians['new']:.2f}; "
-        f"load {open('/proc/loadavg').read().split()[0]}"
+            return time.process_time() - start  # CPU seconds
+
+        return run
+
+    compare(
+        {"old": chunks_of(old), "new": chunks_of(ldp_pairs)},
+        rounds=3,
+        warmup=0,
+        title="pair_chunks at n = 10^6, eps0 4 (CPU s)",
     )
 
 

@@ -9,20 +9,22 @@ package (``base_revision.py``). For the per-round PMFs the ``pld`` and ``proven`
 the local Gaussian alone up to n = 60,000, 10^6 points)
 and for random PMFs, it compares the window of :func:`.moments.window` with the base's scan
 (its moments computed by its own code) at round counts from 1 to 10^6, alone and two PMFs
-together, then times both on the same PMFs, interleaved in this process (CPU time, medians of
-3): the base's moments and scan against a fresh search. Exits 1 on any difference.
+together, then times both on the same PMFs, interleaved in this process by
+``timing.compare`` (CPU time, 3 rounds, load recorded): the base's moments and scan against a
+fresh search. Exits 1 on any difference.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 import types
+from collections.abc import Callable
 
 import numpy as np
 from base_revision import load_base_module
+from timing import compare
 
 from shuffle_opacus.analysis.pld import proven, rounds
 from shuffle_opacus.analysis.pld.moments import window
@@ -118,20 +120,23 @@ def main() -> None:
     print(f"identical: {compared} windows of {len(pmfs)} PMFs (sizes {min(p.size for p in pmfs)}"
           f" to {max(p.size for p in pmfs)}), counts 1 to 10^6; the search computed {computed}"
           f" of {orders} orders over all counts", flush=True)  # fmt: skip
-    times: dict[str, list[float]] = {"base": [], "search": []}
-    for _ in range(3):
-        for name in ("base", "search"):
-            fresh = [_fresh(p) for p in pmfs]
+
+    def one_window_each(name: str) -> Callable[[], float]:
+        def run() -> float:
+            fresh = [_fresh(p) for p in pmfs]  # built outside the timed part
             start = time.process_time()
             for p in fresh:
                 parts = [(p, 5540)]
                 (_base_window(old, parts, keep=False) if name == "base" else _new_window(parts))
-            times[name].append(time.process_time() - start)
-    medians = {name: statistics.median(values) for name, values in times.items()}
-    print(
-        f"one window per PMF at 5,540 rounds, all {len(pmfs)} PMFs (CPU s, median of 3): base "
-        f"{medians['base']:.3f}, search {medians['search']:.3f} "
-        f"({medians['base'] / medians['search']:.1f}x)"
+            return time.process_time() - start  # CPU seconds
+
+        return run
+
+    compare(
+        {name: one_window_each(name) for name in ("base", "search")},
+        rounds=3,
+        warmup=0,
+        title=f"one window per PMF at 5,540 rounds, all {len(pmfs)} PMFs (CPU s)",
     )
 
 

@@ -4,9 +4,9 @@ An accountant asked for epsilon after every round composes the same per-round PM
 again for a growing number of rounds. ``dp_accounting``'s ``self_compose`` starts from scratch
 each time (Chernoff bounds, an FFT of the PMF, the power, an inverse FFT, a Python loop over the
 losses). Here the PMF's Chernoff moments (:mod:`.moments`, each computed the first time a window
-needs it) and its spectrum at each FFT length are kept, rounds of
-several PMFs are composed by multiplying their spectra's powers and one inverse FFT, and epsilon
-is read off the result by a vectorised scan. The arithmetic is the one of ``dp_accounting``'s
+needs it) and its spectrum at each FFT length are kept, rounds of several PMFs are composed by
+multiplying their spectra's powers and one inverse FFT, and epsilon is read off the result by a
+vectorised scan. The arithmetic is the one of ``dp_accounting``'s
 ``DensePLDPmf.self_compose`` (Chernoff window, cyclic convolution, left-out mass added at
 infinity; see docs/maths.md, "Reporting epsilon every round"), so every result is a pessimistic
 estimate, as there. The FFT length depends on the request only (not on earlier calls), so a
